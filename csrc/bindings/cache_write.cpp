@@ -1,0 +1,104 @@
+// torch.ops.mla_ext.concat_and_cache_mla: schema and CUDA implementation. The CPU
+// implementation is the reference (mla_ext/reference.py), registered from Python.
+#include "bindings/stable_helpers.h"
+#include "cache_write/cache_write.h"
+
+namespace mla::bindings {
+namespace {
+
+constexpr const char* kOp = "concat_and_cache_mla";
+
+void concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor kv_cache, Tensor slot_mapping,
+                          std::string kv_cache_dtype, std::optional<Tensor> scale) {
+  const CacheFormat format = parse_cache_format(kv_cache_dtype, kOp);
+  const int device = kv_cache.get_device_index();
+  check_cuda(kv_cache, "kv_cache", kOp, device);
+  check_cuda(kv_c, "kv_c", kOp, device);
+  check_cuda(k_pe, "k_pe", kOp, device);
+  check_cuda(slot_mapping, "slot_mapping", kOp, device);
+
+  // kv_c [T, 512]; k_pe [T, 64] or [T, 1, 64].
+  MLA_ARG_CHECK(kv_c.dim() == 2 && kv_c.size(1) == kKvLoraRank, kOp,
+                "kv_c must be [num_tokens, 512], got " << shape_str(kv_c));
+  const bool k_pe_ok = (k_pe.dim() == 2 && k_pe.size(1) == kRopeDim) ||
+                       (k_pe.dim() == 3 && k_pe.size(1) == 1 && k_pe.size(2) == kRopeDim);
+  MLA_ARG_CHECK(k_pe_ok, kOp, "k_pe must be [num_tokens, 64] or [num_tokens, 1, 64], got " << shape_str(k_pe));
+  MLA_ARG_CHECK(k_pe.size(0) == kv_c.size(0), kOp,
+                "kv_c and k_pe must have the same number of tokens, got " << kv_c.size(0) << " and " << k_pe.size(0));
+  MLA_ARG_CHECK(kv_c.stride(1) == 1, kOp, "kv_c's last dim must be contiguous (stride 1), got " << kv_c.stride(1));
+  MLA_ARG_CHECK(k_pe.stride(k_pe.dim() - 1) == 1, kOp, "k_pe's last dim must be contiguous (stride 1)");
+  const ScalarType in_type = kv_c.scalar_type();
+  MLA_ARG_CHECK(in_type == ScalarType::BFloat16 || in_type == ScalarType::Half, kOp,
+                "kv_c must be bfloat16 or float16, got " << scalar_type_name(in_type));
+  MLA_ARG_CHECK(k_pe.scalar_type() == in_type, kOp,
+                "k_pe must have kv_c's dtype " << scalar_type_name(in_type) << ", got " << scalar_type_name(k_pe.scalar_type()));
+
+  MLA_ARG_CHECK(slot_mapping.scalar_type() == ScalarType::Long, kOp,
+                "slot_mapping must be int64, got " << scalar_type_name(slot_mapping.scalar_type()));
+  MLA_ARG_CHECK(slot_mapping.dim() == 1 && slot_mapping.stride(0) == 1, kOp,
+                "slot_mapping must be a contiguous 1-D tensor, got shape " << shape_str(slot_mapping));
+  MLA_ARG_CHECK(slot_mapping.size(0) <= kv_c.size(0), kOp,
+                "slot_mapping has " << slot_mapping.size(0) << " entries but kv_c only " << kv_c.size(0) << " tokens");
+
+  // kv_cache [num_blocks, block_size, row].
+  MLA_ARG_CHECK(kv_cache.dim() == 3, kOp, "kv_cache must be [num_blocks, block_size, row], got " << shape_str(kv_cache));
+  MLA_ARG_CHECK(kv_cache.stride(2) == 1, kOp, "kv_cache's last dim must be contiguous (stride 1)");
+  const ScalarType cache_type = kv_cache.scalar_type();
+  const float* scale_ptr = nullptr;
+  if (format == CacheFormat::kAuto) {
+    MLA_ARG_CHECK(cache_type == in_type, kOp,
+                  "kv_cache_dtype='auto' stores kv_c's dtype " << scalar_type_name(in_type) << ", but kv_cache is "
+                                                               << scalar_type_name(cache_type));
+    MLA_ARG_CHECK(kv_cache.size(2) == kLatentDim, kOp,
+                  "kv_cache_dtype='auto' needs rows of 576 elements, got kv_cache " << shape_str(kv_cache));
+  } else if (format == CacheFormat::kFp8) {
+    MLA_ARG_CHECK(cache_type == ScalarType::Byte || cache_type == ScalarType::Float8_e4m3fn, kOp,
+                  "kv_cache_dtype='" << kv_cache_dtype << "' needs a uint8 or float8_e4m3fn kv_cache, got "
+                                     << scalar_type_name(cache_type));
+    MLA_ARG_CHECK(kv_cache.size(2) == kLatentDim, kOp,
+                  "kv_cache_dtype='" << kv_cache_dtype << "' needs rows of 576 bytes, got kv_cache " << shape_str(kv_cache));
+    MLA_ARG_CHECK(scale.has_value(), kOp, "kv_cache_dtype='" << kv_cache_dtype << "' needs scale (fp32 tensor of 1 element)");
+    check_cuda(*scale, "scale", kOp, device);
+    MLA_ARG_CHECK(scale->scalar_type() == ScalarType::Float && scale->numel() == 1, kOp,
+                  "scale must be a float32 tensor with one element, got " << scalar_type_name(scale->scalar_type())
+                                                                        << " " << shape_str(*scale));
+    scale_ptr = static_cast<const float*>(scale->data_ptr());
+  } else {
+    MLA_ARG_CHECK(cache_type == ScalarType::Byte, kOp,
+                  "kv_cache_dtype='fp8_ds_mla' needs a uint8 kv_cache, got " << scalar_type_name(cache_type));
+    MLA_ARG_CHECK(kv_cache.size(2) == kDsMlaRowBytes, kOp,
+                  "kv_cache_dtype='fp8_ds_mla' needs rows of 656 bytes, got kv_cache " << shape_str(kv_cache));
+  }
+
+  const int64_t cache_elem = element_size(cache_type);
+  const torch::stable::accelerator::DeviceGuard guard(device);
+  CacheWriteParams params{};
+  params.kv_c = kv_c.data_ptr();
+  params.k_pe = k_pe.data_ptr();
+  params.kv_cache = kv_cache.data_ptr();
+  params.slot_mapping = static_cast<const int64_t*>(slot_mapping.data_ptr());
+  params.scale = scale_ptr;
+  params.num_tokens = slot_mapping.size(0);
+  params.stride_kv_c_token = kv_c.stride(0);
+  params.stride_k_pe_token = k_pe.stride(0);
+  params.stride_cache_block_bytes = kv_cache.stride(0) * cache_elem;
+  params.stride_cache_token_bytes = kv_cache.stride(1) * cache_elem;
+  params.block_size = kv_cache.size(1);
+  params.num_slots = kv_cache.size(0) * kv_cache.size(1);
+  params.input_dtype = to_dtype(in_type);
+  params.format = format;
+  params.stream = current_stream(device);
+  run_concat_and_cache_mla(params);
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_FRAGMENT(mla_ext, m) {
+  m.def(
+      "concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, Tensor slot_mapping, "
+      "str kv_cache_dtype, Tensor? scale=None) -> ()");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(mla_ext, CUDA, m) { m.impl("concat_and_cache_mla", TORCH_BOX(&concat_and_cache_mla)); }
+
+}  // namespace mla::bindings

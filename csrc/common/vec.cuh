@@ -1,0 +1,87 @@
+// Small device helpers for 16-byte vector access and fp8 conversion, shared by all kernels.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace mla {
+
+template <typename T>
+__device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <>
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
+
+// 16 bytes of anything, aligned so that one vector instruction moves it.
+struct alignas(16) Bytes16 {
+  uint8_t b[16];
+};
+
+// Loads/stores 16 bytes: one vector instruction when kVec (caller checked 16-byte alignment),
+// otherwise byte by byte (any alignment).
+template <bool kVec>
+__device__ __forceinline__ Bytes16 load16(const void* src) {
+  Bytes16 r;
+  if constexpr (kVec) {
+    *reinterpret_cast<uint4*>(&r) = *reinterpret_cast<const uint4*>(src);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) r.b[i] = static_cast<const uint8_t*>(src)[i];
+  }
+  return r;
+}
+
+template <bool kVec>
+__device__ __forceinline__ void store16(void* dst, const Bytes16& v) {
+  if constexpr (kVec) {
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(&v);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) static_cast<uint8_t*>(dst)[i] = v.b[i];
+  }
+}
+
+// Eight 16-bit elements of a Bytes16 as floats.
+template <typename T>
+__device__ __forceinline__ void unpack8(const Bytes16& v, float (&out)[8]) {
+  const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) out[i] = to_float(e[i]);
+}
+
+// Saturating round-to-nearest-even float -> e4m3 (NaN stays NaN), two at a time.
+__device__ __forceinline__ uint16_t float2_to_e4m3x2(float lo, float hi) {
+  return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
+}
+
+// 16 floats -> 16 e4m3 bytes of x[i] / scale. kPow2Scale: the caller guarantees scale is a power
+// of two in [2^-126, 2^126], so multiplying by its (exact) reciprocal gives the same bits as the
+// division; otherwise true division, so the bytes equal the reference's `x / scale` for any scale.
+template <bool kPow2Scale>
+__device__ __forceinline__ Bytes16 quantize16_e4m3(const float (&x)[16], float scale) {
+  Bytes16 r;
+  uint16_t* pairs = reinterpret_cast<uint16_t*>(&r);
+  const float inv = 1.0f / scale;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    if constexpr (kPow2Scale) {
+      pairs[i] = float2_to_e4m3x2(x[2 * i] * inv, x[2 * i + 1] * inv);
+    } else {
+      pairs[i] = float2_to_e4m3x2(x[2 * i] / scale, x[2 * i + 1] / scale);
+    }
+  }
+  return r;
+}
+
+}  // namespace mla

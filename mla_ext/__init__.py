@@ -1,0 +1,31 @@
+"""mla_ext: CUDA kernels for Multi-head Latent Attention (DeepSeek V2/V3/V3.2).
+
+Importing the package loads the compiled library (the ``torch.ops.mla_ext`` schemas and CUDA
+kernels) and registers, for every op, the reference as its CPU implementation and a fake for
+``torch.compile``. The functions here are typed wrappers that validate their inputs.
+"""
+
+from . import _library  # noqa: F401  (loads torch.ops.mla_ext before the registrations below)
+from . import reference
+from ._validate import MlaInputError
+from .cache import concat_and_cache_mla
+from .formats import (
+    DS_MLA_ROW_BYTES,
+    KV_LORA_RANK,
+    LATENT_DIM,
+    ROPE_DIM,
+    empty_kv_cache,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DS_MLA_ROW_BYTES",
+    "KV_LORA_RANK",
+    "LATENT_DIM",
+    "ROPE_DIM",
+    "MlaInputError",
+    "concat_and_cache_mla",
+    "empty_kv_cache",
+    "reference",
+]
