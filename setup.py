@@ -72,8 +72,10 @@ def _gencode_flags() -> list[str]:
         if not arch[:2].isdigit():
             raise RuntimeError(f"mla_ext: MLA_EXT_CUDA_ARCHS entry {arch!r} is not like '90a'")
         flags.append(f"-gencode=arch=compute_{arch},code=sm_{arch}")
-    # PTX of the newest target, so a future GPU can JIT it.
-    flags.append(f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}")
+    # Portable PTX of the newest target (without the arch-specific 'a' features, which do not
+    # carry forward), so a future GPU can JIT it.
+    newest = archs[-1].rstrip("af")
+    flags.append(f"-gencode=arch=compute_{newest},code=compute_{newest}")
     return flags
 
 

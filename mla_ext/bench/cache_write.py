@@ -59,3 +59,14 @@ def bench(timer: Timer, roofline: Roofline, quick: bool = False) -> list[Row]:
             nbytes = t * (576 * 2 + 8 + row_width(fmt) * cache.element_size())
             rows.append(Row(f"{fmt} T={t}", us, bytes=nbytes, roofline=roofline))
     return rows
+
+
+def profile_case(num_tokens: int = 65536, fmt: str = "fp8_ds_mla") -> None:
+    """A few calls of one case inside the NVTX range ``mla_ext.profile`` (for ncu/nsys)."""
+    kv_c, k_pe, cache, slots, scale = _inputs(num_tokens, 64, fmt, "cuda")
+    for _ in range(3):
+        torch.ops.mla_ext.concat_and_cache_mla(kv_c, k_pe, cache, slots, fmt, scale)
+    torch.cuda.synchronize()
+    with torch.cuda.nvtx.range("mla_ext.profile"):
+        torch.ops.mla_ext.concat_and_cache_mla(kv_c, k_pe, cache, slots, fmt, scale)
+        torch.cuda.synchronize()
