@@ -1,26 +1,31 @@
 // concat_and_cache_mla kernel.
 //
-// Grid mapping: one warp per token, kTokensPerBlock tokens per CTA, grid = ceil(T / 8).
-// Every lane moves 16-byte pieces, so a warp's accesses to one row are contiguous:
-//   auto       (1152 B row): kv_c chunks lane and lane+32 (8 elems each), k_pe chunk lane < 8
-//   fp8        (576 B row):  kv_c elems [16 lane, 16 lane + 16) -> 16 e4m3 bytes; k_pe lane < 4
-//   fp8_ds_mla (656 B row):  as fp8, the 8 lanes of a 128-element tile reduce amax by shuffles
-//                            and the tile's first lane writes its fp32 scale; k_pe copied as
-//                            bf16 by lanes < 8.
-// Memory-bound: each thread issues all of its loads before the first store.
+// Grid mapping: one warp writes kTokensPerWarp consecutive tokens; 8 warps per CTA;
+// grid = ceil(T / (8 * kTokensPerWarp)). A warp first issues every load of all its tokens, then
+// converts and stores them, so each lane has 2-4 independent 16-byte loads in flight.
+// Work per lane and token is the same in every lane (no divergent k_pe branch):
+//   auto       (1152 B row): kv_c chunks lane and lane+32 (8 elements, 16 B each); k_pe elements
+//                            2 lane, 2 lane + 1 (4 B)
+//   fp8        (576 B row):  kv_c elements [16 lane, 16 lane + 16) -> 16 e4m3 bytes; 2 k_pe
+//                            elements -> 2 bytes
+//   fp8_ds_mla (656 B row):  as fp8 for kv_c; the 8 lanes of a 128-element tile reduce the amax by
+//                            shuffles and the tile's first lane writes its fp32 scale; 2 k_pe
+//                            elements as bf16 -> 4 bytes
+// Memory-bound (bytes = inputs read + rows written); see bench/results/cache_write.md.
 #include "cache_write/cache_write.h"
+
+#include <type_traits>
 
 #include "common/cuda_check.h"
 #include "common/dispatch.h"
 #include "common/vec.cuh"
 
-#include <type_traits>
-
 namespace mla {
 namespace {
 
-constexpr int kTokensPerBlock = 8;
-constexpr int kThreads = 32 * kTokensPerBlock;
+constexpr int kWarpsPerBlock = 8;
+constexpr int kThreads = 32 * kWarpsPerBlock;
+constexpr int kTokensPerWarp = 2;
 
 // fp8_ds_mla tile scale: s = 2^ceil(log2(max(amax / 448, 1e-4))), computed exactly from the bits
 // (no log2f rounding): v = 1.m * 2^e, so ceil(log2 v) = e, plus one when the mantissa is not 0.
@@ -32,57 +37,96 @@ __device__ __forceinline__ float ds_mla_tile_scale(float amax) {
   return __uint_as_float(biased_exp << 23);
 }
 
-template <typename scalar_t, CacheFormat kFormat, bool kVec>
-__global__ void __launch_bounds__(kThreads)
-    concat_and_cache_mla_kernel(const __grid_constant__ CacheWriteParams p) {
-  const int lane = threadIdx.x % 32;
-  const int64_t token = int64_t(blockIdx.x) * kTokensPerBlock + threadIdx.x / 32;
-  if (token >= p.num_tokens) return;
-  const int64_t slot = p.slot_mapping[token];
-  if (slot < 0 || slot >= p.num_slots) return;  // padding, or out of range: never write
+// A power of two whose reciprocal is a normal float: x / s == x * (1 / s) bit for bit.
+__device__ __forceinline__ bool is_exact_pow2(float s) {
+  const uint32_t bits = __float_as_uint(s);
+  const uint32_t e = (bits >> 23) & 0xffu;
+  return (bits & 0x807fffffu) == 0 && e >= 2 && e <= 252;
+}
 
+// Small (4- and 2-byte) accesses with the same aligned/byte-wise switch as load16/store16.
+template <bool kVec>
+__device__ __forceinline__ uint32_t load4(const void* src) {
+  if constexpr (kVec) return *static_cast<const uint32_t*>(src);
+  const uint8_t* b = static_cast<const uint8_t*>(src);
+  return b[0] | (b[1] << 8) | (b[2] << 16) | (uint32_t(b[3]) << 24);
+}
+template <bool kVec, typename T>
+__device__ __forceinline__ void store_small(void* dst, T v) {
+  if constexpr (kVec) {
+    *static_cast<T*>(dst) = v;
+  } else {
+#pragma unroll
+    for (int i = 0; i < int(sizeof(T)); ++i) static_cast<uint8_t*>(dst)[i] = uint8_t(uint64_t(v) >> (8 * i));
+  }
+}
+
+// The two 16-bit k_pe elements a lane owns, as floats.
+template <typename scalar_t>
+__device__ __forceinline__ float2 unpack2(uint32_t v) {
+  const scalar_t* e = reinterpret_cast<const scalar_t*>(&v);
+  return make_float2(to_float(e[0]), to_float(e[1]));
+}
+
+// What one lane holds of one token between the load and the store phase.
+struct LaneToken {
+  Bytes16 kv_c[2];  // auto: chunks lane, lane + 32; fp8 formats: elements [16 lane, 16 lane + 16)
+  uint32_t k_pe;    // elements 2 lane, 2 lane + 1
+  uint8_t* row;     // destination row, nullptr when the token is skipped (warp-uniform)
+};
+
+template <typename scalar_t, CacheFormat kFormat, bool kVec>
+__device__ __forceinline__ LaneToken load_token(const CacheWriteParams& p, int64_t token, int lane) {
+  LaneToken t{};
+  t.row = nullptr;
+  if (token >= p.num_tokens) return t;
+  const int64_t slot = p.slot_mapping[token];
+  if (slot < 0 || slot >= p.num_slots) return t;  // padding, or out of range: never write
+  t.row = static_cast<uint8_t*>(p.kv_cache) + (slot / p.block_size) * p.stride_cache_block_bytes +
+          (slot % p.block_size) * p.stride_cache_token_bytes;
   const auto* kv_c = static_cast<const scalar_t*>(p.kv_c) + token * p.stride_kv_c_token;
   const auto* k_pe = static_cast<const scalar_t*>(p.k_pe) + token * p.stride_k_pe_token;
-  uint8_t* row = static_cast<uint8_t*>(p.kv_cache) + (slot / p.block_size) * p.stride_cache_block_bytes +
-                 (slot % p.block_size) * p.stride_cache_token_bytes;
-
   if constexpr (kFormat == CacheFormat::kAuto) {
-    // Plain copy, no conversion: 64 kv_c chunks and 8 k_pe chunks of 8 elements.
-    const Bytes16 a = load16<kVec>(kv_c + 8 * lane);
-    const Bytes16 b = load16<kVec>(kv_c + 8 * (lane + 32));
-    Bytes16 r;
-    if (lane < 8) r = load16<kVec>(k_pe + 8 * lane);
-    scalar_t* out = reinterpret_cast<scalar_t*>(row);
-    store16<kVec>(out + 8 * lane, a);
-    store16<kVec>(out + 8 * (lane + 32), b);
-    if (lane < 8) store16<kVec>(out + kKvLoraRank + 8 * lane, r);
+    t.kv_c[0] = load16<kVec>(kv_c + 8 * lane);
+    t.kv_c[1] = load16<kVec>(kv_c + 8 * (lane + 32));
+  } else {
+    t.kv_c[0] = load16<kVec>(kv_c + 16 * lane);
+    t.kv_c[1] = load16<kVec>(kv_c + 16 * lane + 8);
+  }
+  t.k_pe = load4<kVec>(k_pe + 2 * lane);
+  return t;
+}
+
+template <typename scalar_t, CacheFormat kFormat, bool kVec>
+__device__ __forceinline__ void store_token(const CacheWriteParams& p, const LaneToken& t, int lane) {
+  if constexpr (kFormat == CacheFormat::kAuto) {
+    // Plain copy, no conversion.
+    scalar_t* out = reinterpret_cast<scalar_t*>(t.row);
+    store16<kVec>(out + 8 * lane, t.kv_c[0]);
+    store16<kVec>(out + 8 * (lane + 32), t.kv_c[1]);
+    store_small<kVec>(out + kKvLoraRank + 2 * lane, t.k_pe);
   } else {
     float x[16];
     {
       float lo[8], hi[8];
-      unpack8<scalar_t>(load16<kVec>(kv_c + 16 * lane), lo);
-      unpack8<scalar_t>(load16<kVec>(kv_c + 16 * lane + 8), hi);
+      unpack8<scalar_t>(t.kv_c[0], lo);
+      unpack8<scalar_t>(t.kv_c[1], hi);
 #pragma unroll
       for (int i = 0; i < 8; ++i) x[i] = lo[i], x[i + 8] = hi[i];
     }
+    const float2 r = unpack2<scalar_t>(t.k_pe);
     if constexpr (kFormat == CacheFormat::kFp8) {
-      // k_pe is quantised like kv_c: lanes 0-3 take 16 elements each.
-      float r[16];
-      if (lane < 4) {
-        float lo[8], hi[8];
-        unpack8<scalar_t>(load16<kVec>(k_pe + 16 * lane), lo);
-        unpack8<scalar_t>(load16<kVec>(k_pe + 16 * lane + 8), hi);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) r[i] = lo[i], r[i + 8] = hi[i];
-      }
+      // Per-tensor scale, k_pe quantised like kv_c. Power-of-two scales (1.0 when uncalibrated)
+      // skip the IEEE division; the branch is uniform across the grid.
       const float scale = *p.scale;
-      store16<kVec>(row + 16 * lane, quantize16_e4m3<false>(x, scale));
-      if (lane < 4) store16<kVec>(row + kKvLoraRank + 16 * lane, quantize16_e4m3<false>(r, scale));
+      const bool pow2 = is_exact_pow2(scale);
+      const Bytes16 q = pow2 ? quantize16_e4m3<true>(x, scale) : quantize16_e4m3<false>(x, scale);
+      const uint16_t q_pe = pow2 ? float2_to_e4m3x2(r.x * (1.0f / scale), r.y * (1.0f / scale))
+                                 : float2_to_e4m3x2(r.x / scale, r.y / scale);
+      store16<kVec>(t.row + 16 * lane, q);
+      store_small<kVec>(t.row + kKvLoraRank + 2 * lane, q_pe);
     } else {
       static_assert(kFormat == CacheFormat::kFp8DsMla);
-      // k_pe stays 16-bit (converted to bf16): lanes 0-7 take one 8-element chunk each.
-      Bytes16 r;
-      if (lane < 8) r = load16<kVec>(k_pe + 8 * lane);
       float amax = 0.f;
 #pragma unroll
       for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));
@@ -90,28 +134,30 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int mask = 4; mask >= 1; mask /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, mask));
       const float scale = ds_mla_tile_scale(amax);
-      store16<kVec>(row + 16 * lane, quantize16_e4m3<true>(x, scale));
-      if (lane % 8 == 0) {
-        uint8_t* dst = row + kDsMlaScaleOffset + 4 * (lane / 8);
-        if constexpr (kVec) {
-          *reinterpret_cast<float*>(dst) = scale;
-        } else {
-          const uint32_t bits = __float_as_uint(scale);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) dst[i] = static_cast<uint8_t>(bits >> (8 * i));
-        }
+      store16<kVec>(t.row + 16 * lane, quantize16_e4m3<true>(x, scale));
+      if (lane % 8 == 0) store_small<kVec>(t.row + kDsMlaScaleOffset + 4 * (lane / 8), __float_as_uint(scale));
+      // k_pe stays 16-bit, as bf16 (a plain copy for bf16 input).
+      uint32_t pe = t.k_pe;
+      if constexpr (!std::is_same_v<scalar_t, __nv_bfloat16>) {
+        const __nv_bfloat162 b = __floats2bfloat162_rn(r.x, r.y);
+        pe = *reinterpret_cast<const uint32_t*>(&b);
       }
-      if (lane < 8) {
-        if constexpr (!std::is_same_v<scalar_t, __nv_bfloat16>) {
-          float f[8];
-          unpack8<scalar_t>(r, f);
-          auto* e = reinterpret_cast<__nv_bfloat16*>(&r);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) e[i] = __float2bfloat16_rn(f[i]);
-        }
-        store16<kVec>(row + kDsMlaRopeOffset + 16 * lane, r);
-      }
+      store_small<kVec>(t.row + kDsMlaRopeOffset + 4 * lane, pe);
     }
+  }
+}
+
+template <typename scalar_t, CacheFormat kFormat, bool kVec>
+__global__ void __launch_bounds__(kThreads)
+    concat_and_cache_mla_kernel(const __grid_constant__ CacheWriteParams p) {
+  const int lane = threadIdx.x % 32;
+  const int64_t first = (int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32) * kTokensPerWarp;
+  LaneToken tokens[kTokensPerWarp];
+#pragma unroll
+  for (int i = 0; i < kTokensPerWarp; ++i) tokens[i] = load_token<scalar_t, kFormat, kVec>(p, first + i, lane);
+#pragma unroll
+  for (int i = 0; i < kTokensPerWarp; ++i) {
+    if (tokens[i].row != nullptr) store_token<scalar_t, kFormat, kVec>(p, tokens[i], lane);
   }
 }
 
@@ -127,11 +173,14 @@ void run_concat_and_cache_mla(const CacheWriteParams& p) {
   const bool vec = aligned16(p.kv_c) && aligned16(p.k_pe) && aligned16(p.kv_cache) &&
                    (p.stride_kv_c_token * 2) % 16 == 0 && (p.stride_k_pe_token * 2) % 16 == 0 &&
                    p.stride_cache_block_bytes % 16 == 0 && p.stride_cache_token_bytes % 16 == 0;
-  const dim3 grid(static_cast<unsigned>((p.num_tokens + kTokensPerBlock - 1) / kTokensPerBlock));
+  constexpr int64_t kTokensPerBlock = int64_t(kWarpsPerBlock) * kTokensPerWarp;
+  const int64_t blocks = (p.num_tokens + kTokensPerBlock - 1) / kTokensPerBlock;
+  MLA_HOST_CHECK(blocks <= 0x7fffffff, "too many tokens for one launch");
   MLA_DISPATCH_HALF_TYPES(p.input_dtype, "kv_c", [&] {
     MLA_DISPATCH_CACHE_FORMAT(p.format, [&] {
       MLA_BOOL_SWITCH(vec, kVec, [&] {
-        concat_and_cache_mla_kernel<scalar_t, kFormat, kVec><<<grid, kThreads, 0, p.stream>>>(p);
+        concat_and_cache_mla_kernel<scalar_t, kFormat, kVec>
+            <<<static_cast<unsigned>(blocks), kThreads, 0, p.stream>>>(p);
         MLA_CHECK_LAUNCH();
       });
     });

@@ -19,7 +19,11 @@ def _inputs(num_tokens: int, block_size: int, fmt: str, device, extra_blocks: in
     kv = torch.randn(num_tokens, 576, dtype=torch.bfloat16, device=device)
     kv_c, k_pe = kv[:, :512], kv[:, 512:]
     cache = empty_kv_cache(num_blocks, block_size, fmt, device=device)
-    slots = torch.randperm(num_blocks * block_size, device=device)[:num_tokens]
+    # What an engine writes: each token at the next offset of its request's pages, the pages in
+    # random order in the pool.
+    pages = torch.randperm(num_blocks, device=device)
+    token = torch.arange(num_tokens, device=device)
+    slots = pages[token // block_size] * block_size + token % block_size
     scale = torch.tensor([0.0173], device=device) if fmt == "fp8" else None
     return kv_c, k_pe, cache, slots, scale
 
