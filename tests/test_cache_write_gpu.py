@@ -133,3 +133,17 @@ def test_sanitizer_small_case():
             slots = torch.tensor([5, -1, 6, 0, 10**9], device="cuda")
             mla_ext.concat_and_cache_mla(kv_c, k_pe, cache, slots, fmt, scale)
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("scale_value", [1.0, 0.5, 2.0**-10, 64.0, 0.0173, 3.7, 1e-3])
+def test_fp8_scales_pow2_and_arbitrary(scale_value):
+    """Power-of-two scales take the multiply path, others true division: both equal x / scale."""
+    kv_c = torch.randn(257, 512, device="cuda", dtype=torch.bfloat16) * 4
+    k_pe = torch.randn(257, 64, device="cuda", dtype=torch.bfloat16) * 4
+    cache = torch.zeros(5, 64, 576, device="cuda", dtype=torch.uint8)
+    expected = cache.clone()
+    slots = torch.randperm(5 * 64, device="cuda")[:257]
+    scale = torch.tensor([scale_value], device="cuda")
+    reference.concat_and_cache_mla(kv_c, k_pe, expected, slots, "fp8", scale)
+    mla_ext.concat_and_cache_mla(kv_c, k_pe, cache, slots, "fp8", scale)
+    assert torch.equal(cache, expected)
