@@ -147,3 +147,22 @@ def test_fp8_scales_pow2_and_arbitrary(scale_value):
     reference.concat_and_cache_mla(kv_c, k_pe, expected, slots, "fp8", scale)
     mla_ext.concat_and_cache_mla(kv_c, k_pe, cache, slots, "fp8", scale)
     assert torch.equal(cache, expected)
+
+
+def test_fp8_division_bits_over_wide_ranges():
+    """The kernel's fast correctly-rounded division must give the reference's x / scale bits for
+    values and scales over many decades, signed zeros, saturation and e4m3 subnormals."""
+    n = 4096
+    magnitude = torch.pow(10.0, torch.empty(n, 1, device="cuda").uniform_(-7, 7))
+    kv = (torch.randn(n, 576, device="cuda") * magnitude).to(torch.bfloat16)
+    kv[0, :8] = torch.tensor([0.0, -0.0, 1e-38, -1e-38, 3e38, -3e38, 448.0, -448.0])
+    kv_c, k_pe = kv[:, :512], kv[:, 512:]
+    slots = torch.arange(n, device="cuda")
+    for scale_value in torch.pow(10.0, torch.empty(6).uniform_(-4, 4)).tolist() + [1.0, 0.1, 3.0]:
+        scale = torch.tensor([scale_value], device="cuda", dtype=torch.float32)
+        cache = torch.zeros(n // 64, 64, 576, device="cuda", dtype=torch.uint8)
+        expected = cache.clone()
+        reference.concat_and_cache_mla(kv_c, k_pe, expected, slots, "fp8", scale)
+        mla_ext.concat_and_cache_mla(kv_c, k_pe, cache, slots, "fp8", scale)
+        mismatched = int((cache != expected).sum())
+        assert mismatched == 0, f"scale {scale_value}: {mismatched} bytes differ"

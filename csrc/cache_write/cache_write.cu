@@ -1,8 +1,10 @@
 // concat_and_cache_mla kernel.
 //
-// Grid mapping: one warp writes kTokensPerWarp consecutive tokens; 8 warps per CTA;
-// grid = ceil(T / (8 * kTokensPerWarp)). A warp first issues every load of all its tokens, then
-// converts and stores them, so each lane has 2-4 independent 16-byte loads in flight.
+// Grid mapping: one warp per token at a time; 8 warps per CTA; a persistent grid of at most
+// kBlocksPerSm CTAs per SM, each warp striding over tokens (token += all warps in the grid).
+// While a warp converts and stores token t it already has token t + stride's loads in flight
+// (register prefetch), so loads stay in flight without the register cost of a wider unroll
+// (two tokens unrolled per warp took 81 registers and ran slower; measured 2026-11-29).
 // Work per lane and token is the same in every lane (no divergent k_pe branch):
 //   auto       (1152 B row): kv_c chunks lane and lane+32 (8 elements, 16 B each); k_pe elements
 //                            2 lane, 2 lane + 1 (4 B)
@@ -14,8 +16,10 @@
 // Memory-bound (bytes = inputs read + rows written); see bench/results/cache_write.md.
 #include "cache_write/cache_write.h"
 
+#include <algorithm>
 #include <type_traits>
 
+#include "common/arch.h"
 #include "common/cuda_check.h"
 #include "common/dispatch.h"
 #include "common/vec.cuh"
@@ -25,7 +29,7 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = 32 * kWarpsPerBlock;
-constexpr int kTokensPerWarp = 2;
+constexpr int kBlocksPerSm = 5;  // 40 resident warps at <= 51 registers: the vector paths need 34-50, no spills
 
 // fp8_ds_mla tile scale: s = 2^ceil(log2(max(amax / 448, 1e-4))), computed exactly from the bits
 // (no log2f rounding): v = 1.m * 2^e, so ceil(log2 v) = e, plus one when the mantissa is not 0.
@@ -37,11 +41,28 @@ __device__ __forceinline__ float ds_mla_tile_scale(float amax) {
   return __uint_as_float(biased_exp << 23);
 }
 
-// A power of two whose reciprocal is a normal float: x / s == x * (1 / s) bit for bit.
-__device__ __forceinline__ bool is_exact_pow2(float s) {
-  const uint32_t bits = __float_as_uint(s);
-  const uint32_t e = (bits >> 23) & 0xffu;
-  return (bits & 0x807fffffu) == 0 && e >= 2 && e <= 252;
+// Correctly rounded x / s at a fraction of the cost of IEEE division (which compiles to a call of
+// ~40 instructions and made the fp8 write instruction-bound). Markstein's theorem: with
+// y = RN(1/s) and q = RN(x * y) within 1 ulp of x / s, the residual e = x - q * s is exact in one
+// fma and RN(q + e * y) is the correctly rounded quotient, barring overflow/underflow. Quotients
+// far from 1 (|q| outside [2^-100, 2^100]), zero, inf and NaN take the IEEE division, as does a
+// divisor whose reciprocal is not a normal float.
+struct Divisor {
+  float s, y;
+  bool fast;
+};
+__device__ __forceinline__ Divisor make_divisor(float s) {
+  const float y = 1.0f / s;
+  const float ay = fabsf(y);
+  return Divisor{s, y, ay >= 0x1p-120f && ay <= 0x1p120f};
+}
+__device__ __forceinline__ float div_rn(float x, const Divisor& d) {
+  const float q = __fmul_rn(x, d.y);
+  const float aq = fabsf(q);
+  if (d.fast && aq >= 0x1p-100f && aq <= 0x1p100f) {
+    return __fmaf_rn(__fmaf_rn(-q, d.s, x), d.y, q);
+  }
+  return __fdiv_rn(x, d.s);
 }
 
 // Small (4- and 2-byte) accesses with the same aligned/byte-wise switch as load16/store16.
@@ -116,15 +137,13 @@ __device__ __forceinline__ void store_token(const CacheWriteParams& p, const Lan
     }
     const float2 r = unpack2<scalar_t>(t.k_pe);
     if constexpr (kFormat == CacheFormat::kFp8) {
-      // Per-tensor scale, k_pe quantised like kv_c. Power-of-two scales (1.0 when uncalibrated)
-      // skip the IEEE division; the branch is uniform across the grid.
-      const float scale = *p.scale;
-      const bool pow2 = is_exact_pow2(scale);
-      const Bytes16 q = pow2 ? quantize16_e4m3<true>(x, scale) : quantize16_e4m3<false>(x, scale);
-      const uint16_t q_pe = pow2 ? float2_to_e4m3x2(r.x * (1.0f / scale), r.y * (1.0f / scale))
-                                 : float2_to_e4m3x2(r.x / scale, r.y / scale);
-      store16<kVec>(t.row + 16 * lane, q);
-      store_small<kVec>(t.row + kKvLoraRank + 2 * lane, q_pe);
+      // Per-tensor scale, k_pe quantised like kv_c, each element x / scale rounded exactly as
+      // IEEE division would (see div_rn), which is what the reference computes.
+      const Divisor d = make_divisor(*p.scale);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) x[i] = div_rn(x[i], d);
+      store16<kVec>(t.row + 16 * lane, quantize16_e4m3<true>(x, 1.0f));
+      store_small<kVec>(t.row + kKvLoraRank + 2 * lane, float2_to_e4m3x2(div_rn(r.x, d), div_rn(r.y, d)));
     } else {
       static_assert(kFormat == CacheFormat::kFp8DsMla);
       float amax = 0.f;
@@ -148,16 +167,16 @@ __device__ __forceinline__ void store_token(const CacheWriteParams& p, const Lan
 }
 
 template <typename scalar_t, CacheFormat kFormat, bool kVec>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     concat_and_cache_mla_kernel(const __grid_constant__ CacheWriteParams p) {
   const int lane = threadIdx.x % 32;
-  const int64_t first = (int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32) * kTokensPerWarp;
-  LaneToken tokens[kTokensPerWarp];
-#pragma unroll
-  for (int i = 0; i < kTokensPerWarp; ++i) tokens[i] = load_token<scalar_t, kFormat, kVec>(p, first + i, lane);
-#pragma unroll
-  for (int i = 0; i < kTokensPerWarp; ++i) {
-    if (tokens[i].row != nullptr) store_token<scalar_t, kFormat, kVec>(p, tokens[i], lane);
+  const int64_t stride = int64_t(gridDim.x) * kWarpsPerBlock;
+  int64_t token = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  LaneToken current = load_token<scalar_t, kFormat, kVec>(p, token, lane);
+  for (; token < p.num_tokens; token += stride) {
+    const LaneToken next = load_token<scalar_t, kFormat, kVec>(p, token + stride, lane);
+    if (current.row != nullptr) store_token<scalar_t, kFormat, kVec>(p, current, lane);
+    current = next;
   }
 }
 
@@ -173,9 +192,10 @@ void run_concat_and_cache_mla(const CacheWriteParams& p) {
   const bool vec = aligned16(p.kv_c) && aligned16(p.k_pe) && aligned16(p.kv_cache) &&
                    (p.stride_kv_c_token * 2) % 16 == 0 && (p.stride_k_pe_token * 2) % 16 == 0 &&
                    p.stride_cache_block_bytes % 16 == 0 && p.stride_cache_token_bytes % 16 == 0;
-  constexpr int64_t kTokensPerBlock = int64_t(kWarpsPerBlock) * kTokensPerWarp;
-  const int64_t blocks = (p.num_tokens + kTokensPerBlock - 1) / kTokensPerBlock;
-  MLA_HOST_CHECK(blocks <= 0x7fffffff, "too many tokens for one launch");
+  int device = 0;
+  MLA_CUDA_CHECK(cudaGetDevice(&device));
+  const int64_t max_blocks = int64_t(device_info(device).num_sms) * kBlocksPerSm;
+  const int64_t blocks = std::min((p.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock, max_blocks);
   MLA_DISPATCH_HALF_TYPES(p.input_dtype, "kv_c", [&] {
     MLA_DISPATCH_CACHE_FORMAT(p.format, [&] {
       MLA_BOOL_SWITCH(vec, kVec, [&] {

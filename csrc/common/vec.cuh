@@ -23,9 +23,10 @@ __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bf
 template <>
 __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
 
-// 16 bytes of anything, aligned so that one vector instruction moves it.
+// 16 bytes of anything, kept as four 32-bit words so that it lives in 4 registers (a byte
+// array here made the compiler keep 16 byte-registers and spill).
 struct alignas(16) Bytes16 {
-  uint8_t b[16];
+  uint4 v;
 };
 
 // Loads/stores 16 bytes: one vector instruction when kVec (caller checked 16-byte alignment),
@@ -34,10 +35,15 @@ template <bool kVec>
 __device__ __forceinline__ Bytes16 load16(const void* src) {
   Bytes16 r;
   if constexpr (kVec) {
-    *reinterpret_cast<uint4*>(&r) = *reinterpret_cast<const uint4*>(src);
+    r.v = *static_cast<const uint4*>(src);
   } else {
+    const uint8_t* b = static_cast<const uint8_t*>(src);
+    uint32_t w[4];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) r.b[i] = static_cast<const uint8_t*>(src)[i];
+    for (int i = 0; i < 4; ++i) {
+      w[i] = b[4 * i] | (b[4 * i + 1] << 8) | (b[4 * i + 2] << 16) | (uint32_t(b[4 * i + 3]) << 24);
+    }
+    r.v = make_uint4(w[0], w[1], w[2], w[3]);
   }
   return r;
 }
@@ -45,10 +51,12 @@ __device__ __forceinline__ Bytes16 load16(const void* src) {
 template <bool kVec>
 __device__ __forceinline__ void store16(void* dst, const Bytes16& v) {
   if constexpr (kVec) {
-    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(&v);
+    *static_cast<uint4*>(dst) = v.v;
   } else {
+    const uint32_t w[4] = {v.v.x, v.v.y, v.v.z, v.v.w};
+    uint8_t* b = static_cast<uint8_t*>(dst);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) static_cast<uint8_t*>(dst)[i] = v.b[i];
+    for (int i = 0; i < 16; ++i) b[i] = static_cast<uint8_t>(w[i / 4] >> (8 * (i % 4)));
   }
 }
 
