@@ -31,6 +31,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="1, 4096 and 65536 tokens only")
     parser.add_argument("--json", metavar="DIR", help="write cache_write.json and .md into DIR")
     parser.add_argument("--iters", type=int, default=100, help="timed calls per case (median reported)")
+    parser.add_argument("--flush", choices=("read", "write"), default="read",
+                        help="how the L2 is evicted before each call (see mla_ext/bench/harness.py)")
     parser.add_argument("--profile", action="store_true", help="one case under NVTX range mla_ext.profile")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -39,14 +41,14 @@ def main() -> int:
     if args.profile:
         cache_write.profile_case()
         return 0
-    timer = Timer(iters=args.iters)
+    timer = Timer(iters=args.iters, flush=args.flush)
     roofline = measure_roofline(timer)
     rows = cache_write.bench(timer, roofline, quick=args.quick)
     print(f"{torch.cuda.get_device_name()}: copy {roofline.copy_GBps:.0f} GB/s, "
           f"bf16 matmul {roofline.bf16_mm_TFLOPS:.0f} TFLOPS (measured now)")
     print(format_table(rows, "concat_and_cache_mla"))
     if args.json:
-        paths = write_results("cache_write", rows, roofline, args.json)
+        paths = write_results("cache_write", rows, roofline, args.json, notes=f"L2 flush: {args.flush}")
         print("wrote", *paths)
     return 0
 

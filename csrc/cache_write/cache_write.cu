@@ -5,14 +5,17 @@
 // While a warp converts and stores token t it already has token t + stride's loads in flight
 // (register prefetch), so loads stay in flight without the register cost of a wider unroll
 // (two tokens unrolled per warp took 81 registers and ran slower; measured 2026-11-29).
-// Work per lane and token is the same in every lane (no divergent k_pe branch):
-//   auto       (1152 B row): kv_c chunks lane and lane+32 (8 elements, 16 B each); k_pe elements
-//                            2 lane, 2 lane + 1 (4 B)
-//   fp8        (576 B row):  kv_c elements [16 lane, 16 lane + 16) -> 16 e4m3 bytes; 2 k_pe
-//                            elements -> 2 bytes
-//   fp8_ds_mla (656 B row):  as fp8 for kv_c; the 8 lanes of a 128-element tile reduce the amax by
-//                            shuffles and the tile's first lane writes its fp32 scale; 2 k_pe
-//                            elements as bf16 -> 4 bytes
+// Every lane owns the same elements of a token in every format, so each warp-wide access is
+// one contiguous, coalesced span (an earlier mapping of 16 consecutive elements per lane made
+// every load instruction touch twice the sectors it used):
+//   kv_c elements [8 lane, 8 lane + 8) and [256 + 8 lane, 256 + 8 lane + 8) (16 B loads),
+//   k_pe elements 2 lane, 2 lane + 1 (4 B).
+// Rows written:
+//   auto       (1152 B): the same 16 B and 4 B pieces, copied.
+//   fp8        (576 B):  8 e4m3 bytes per kv_c piece, 2 for k_pe.
+//   fp8_ds_mla (656 B):  8 e4m3 bytes per kv_c piece; 128-element tile t is piece (t % 2) of
+//                        lanes 16 (t / 2)..16 (t / 2) + 15, whose amax is reduced by shuffles;
+//                        lane 0 writes the four fp32 scales as one 16 B store; k_pe as bf16.
 // Memory-bound (bytes = inputs read + rows written); see bench/results/cache_write.md.
 #include "cache_write/cache_write.h"
 
@@ -65,7 +68,7 @@ __device__ __forceinline__ float div_rn(float x, const Divisor& d) {
   return __fdiv_rn(x, d.s);
 }
 
-// Small (4- and 2-byte) accesses with the same aligned/byte-wise switch as load16/store16.
+// Small (8-, 4- and 2-byte) accesses with the same aligned/byte-wise switch as load16/store16.
 template <bool kVec>
 __device__ __forceinline__ uint32_t load4(const void* src) {
   if constexpr (kVec) return *static_cast<const uint32_t*>(src);
@@ -76,6 +79,9 @@ template <bool kVec, typename T>
 __device__ __forceinline__ void store_small(void* dst, T v) {
   if constexpr (kVec) {
     *static_cast<T*>(dst) = v;
+  } else if constexpr (std::is_same_v<T, uint2>) {
+    store_small<false>(dst, v.x);
+    store_small<false>(static_cast<uint8_t*>(dst) + 4, v.y);
   } else {
 #pragma unroll
     for (int i = 0; i < int(sizeof(T)); ++i) static_cast<uint8_t*>(dst)[i] = uint8_t(uint64_t(v) >> (8 * i));
@@ -91,7 +97,7 @@ __device__ __forceinline__ float2 unpack2(uint32_t v) {
 
 // What one lane holds of one token between the load and the store phase.
 struct LaneToken {
-  Bytes16 kv_c[2];  // auto: chunks lane, lane + 32; fp8 formats: elements [16 lane, 16 lane + 16)
+  Bytes16 kv_c[2];  // elements [8 lane, 8 lane + 8) and [256 + 8 lane, 256 + 8 lane + 8)
   uint32_t k_pe;    // elements 2 lane, 2 lane + 1
   uint8_t* row;     // destination row, nullptr when the token is skipped (warp-uniform)
 };
@@ -107,54 +113,60 @@ __device__ __forceinline__ LaneToken load_token(const CacheWriteParams& p, int64
           (slot % p.block_size) * p.stride_cache_token_bytes;
   const auto* kv_c = static_cast<const scalar_t*>(p.kv_c) + token * p.stride_kv_c_token;
   const auto* k_pe = static_cast<const scalar_t*>(p.k_pe) + token * p.stride_k_pe_token;
-  if constexpr (kFormat == CacheFormat::kAuto) {
-    t.kv_c[0] = load16<kVec>(kv_c + 8 * lane);
-    t.kv_c[1] = load16<kVec>(kv_c + 8 * (lane + 32));
-  } else {
-    t.kv_c[0] = load16<kVec>(kv_c + 16 * lane);
-    t.kv_c[1] = load16<kVec>(kv_c + 16 * lane + 8);
-  }
+  t.kv_c[0] = load16<kVec>(kv_c + 8 * lane);
+  t.kv_c[1] = load16<kVec>(kv_c + kKvLoraRank / 2 + 8 * lane);
   t.k_pe = load4<kVec>(k_pe + 2 * lane);
   return t;
 }
 
 template <typename scalar_t, CacheFormat kFormat, bool kVec>
 __device__ __forceinline__ void store_token(const CacheWriteParams& p, const LaneToken& t, int lane) {
+  constexpr int kHalf = kKvLoraRank / 2;  // offset of a lane's second kv_c piece
   if constexpr (kFormat == CacheFormat::kAuto) {
     // Plain copy, no conversion.
     scalar_t* out = reinterpret_cast<scalar_t*>(t.row);
     store16<kVec>(out + 8 * lane, t.kv_c[0]);
-    store16<kVec>(out + 8 * (lane + 32), t.kv_c[1]);
+    store16<kVec>(out + kHalf + 8 * lane, t.kv_c[1]);
     store_small<kVec>(out + kKvLoraRank + 2 * lane, t.k_pe);
   } else {
-    float x[16];
-    {
-      float lo[8], hi[8];
-      unpack8<scalar_t>(t.kv_c[0], lo);
-      unpack8<scalar_t>(t.kv_c[1], hi);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) x[i] = lo[i], x[i + 8] = hi[i];
-    }
+    float x[2][8];
+    unpack8<scalar_t>(t.kv_c[0], x[0]);
+    unpack8<scalar_t>(t.kv_c[1], x[1]);
     const float2 r = unpack2<scalar_t>(t.k_pe);
     if constexpr (kFormat == CacheFormat::kFp8) {
       // Per-tensor scale, k_pe quantised like kv_c, each element x / scale rounded exactly as
       // IEEE division would (see div_rn), which is what the reference computes.
       const Divisor d = make_divisor(*p.scale);
 #pragma unroll
-      for (int i = 0; i < 16; ++i) x[i] = div_rn(x[i], d);
-      store16<kVec>(t.row + 16 * lane, quantize16_e4m3<true>(x, 1.0f));
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) x[h][i] = div_rn(x[h][i], d);
+        store_small<kVec>(t.row + h * kHalf + 8 * lane, quantize8_e4m3(x[h], 1.0f));
+      }
       store_small<kVec>(t.row + kKvLoraRank + 2 * lane, float2_to_e4m3x2(div_rn(r.x, d), div_rn(r.y, d)));
     } else {
       static_assert(kFormat == CacheFormat::kFp8DsMla);
-      float amax = 0.f;
+      float scale[2];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));
-      // The 8 lanes of one 128-element tile are lanes 8t..8t+7.
+      for (int h = 0; h < 2; ++h) {
+        float amax = 0.f;
 #pragma unroll
-      for (int mask = 4; mask >= 1; mask /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, mask));
-      const float scale = ds_mla_tile_scale(amax);
-      store16<kVec>(t.row + 16 * lane, quantize16_e4m3<true>(x, scale));
-      if (lane % 8 == 0) store_small<kVec>(t.row + kDsMlaScaleOffset + 4 * (lane / 8), __float_as_uint(scale));
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(x[h][i]));
+        // A tile's 128 elements are this piece of 16 consecutive lanes.
+#pragma unroll
+        for (int mask = 8; mask >= 1; mask /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, mask));
+        scale[h] = ds_mla_tile_scale(amax);
+        store_small<kVec>(t.row + h * kHalf + 8 * lane, quantize8_e4m3(x[h], scale[h]));
+      }
+      // Tiles 0..3 = (piece 0, lanes 0-15), (piece 0, lanes 16-31), (piece 1, ...), (piece 1, ...).
+      const float upper0 = __shfl_sync(0xffffffffu, scale[0], 16);
+      const float upper1 = __shfl_sync(0xffffffffu, scale[1], 16);
+      if (lane == 0) {
+        Bytes16 scales;
+        scales.v = make_uint4(__float_as_uint(scale[0]), __float_as_uint(upper0), __float_as_uint(scale[1]),
+                              __float_as_uint(upper1));
+        store16<kVec>(t.row + kDsMlaScaleOffset, scales);
+      }
       // k_pe stays 16-bit, as bf16 (a plain copy for bf16 input).
       uint32_t pe = t.k_pe;
       if constexpr (!std::is_same_v<scalar_t, __nv_bfloat16>) {

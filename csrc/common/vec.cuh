@@ -73,23 +73,17 @@ __device__ __forceinline__ uint16_t float2_to_e4m3x2(float lo, float hi) {
   return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
 }
 
-// 16 floats -> 16 e4m3 bytes of x[i] / scale. kPow2Scale: the caller guarantees scale is a power
-// of two in [2^-126, 2^126], so multiplying by its (exact) reciprocal gives the same bits as the
-// division; otherwise true division, so the bytes equal the reference's `x / scale` for any scale.
-template <bool kPow2Scale>
-__device__ __forceinline__ Bytes16 quantize16_e4m3(const float (&x)[16], float scale) {
-  Bytes16 r;
-  uint16_t* pairs = reinterpret_cast<uint16_t*>(&r);
-  const float inv = 1.0f / scale;
+// 8 floats -> 8 e4m3 bytes of x[i] / scale, for a power-of-two scale in [2^-126, 2^126]:
+// multiplying by its (exact) reciprocal gives the same bits as the division.
+__device__ __forceinline__ uint2 quantize8_e4m3(const float (&x)[8], float pow2_scale) {
+  const float inv = 1.0f / pow2_scale;
+  uint32_t w[2];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    if constexpr (kPow2Scale) {
-      pairs[i] = float2_to_e4m3x2(x[2 * i] * inv, x[2 * i + 1] * inv);
-    } else {
-      pairs[i] = float2_to_e4m3x2(x[2 * i] / scale, x[2 * i + 1] / scale);
-    }
+  for (int i = 0; i < 2; ++i) {
+    w[i] = uint32_t(float2_to_e4m3x2(x[4 * i] * inv, x[4 * i + 1] * inv)) |
+           (uint32_t(float2_to_e4m3x2(x[4 * i + 2] * inv, x[4 * i + 3] * inv)) << 16);
   }
-  return r;
+  return make_uint2(w[0], w[1]);
 }
 
 }  // namespace mla

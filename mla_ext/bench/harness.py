@@ -1,7 +1,11 @@
 """Shared benchmark harness.
 
 Method (``/work/.library/device/METHOD.md`` style): every timed call starts with a cold L2 (a
-buffer twice the L2 size is overwritten first), warm-up calls run before timing, each call is
+buffer twice the L2 size is *read* first, so the L2 holds none of the op's data and no dirty
+lines: a write-based flush leaves the L2 full of dirty lines whose write-back is charged to the
+timed kernel, a large distortion for ops that move ~100 MB, and a small one for the 1 GiB copy
+roofline; ``Timer(flush="write")`` measures that way for comparison), warm-up calls run before
+timing, each call is
 timed with CUDA events, and the median of many is reported. The two ceilings every figure is
 compared against are measured in the same run: device-to-device copy bandwidth (bytes read +
 written) and the bf16 matmul rate (random data). Each op's section is wrapped in an NVTX range so
@@ -67,14 +71,23 @@ class Row:
 class Timer:
     """Cold-L2, event-timed, median-of-many timing on the current CUDA device."""
 
-    def __init__(self, warmup: int = 5, iters: int = 50):
+    def __init__(self, warmup: int = 5, iters: int = 50, flush: str = "read"):
+        if flush not in ("read", "write"):
+            raise ValueError(f"flush must be 'read' or 'write', got {flush!r}")
         self.warmup = warmup
         self.iters = iters
+        self.flush = flush
         l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-        self._flush = torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device="cuda")
+        self._flush = torch.ones(max(2 * l2, 64 << 20) // 4, dtype=torch.float32, device="cuda")
+        self._sink = torch.empty((), dtype=torch.float32, device="cuda")
 
     def flush_l2(self) -> None:
-        self._flush.random_(0, 255)
+        """Evict the L2 by reading a buffer twice its size (leaves only clean lines behind);
+        flush="write" overwrites it instead (leaves dirty lines, for comparison)."""
+        if self.flush == "read":
+            torch.sum(self._flush, dim=0, out=self._sink)
+        else:
+            self._flush.fill_(1.0)
 
     def time_us(self, fn: Callable[[], object], name: str = "op") -> float:
         """Median microseconds of ``fn()`` over ``iters`` calls, each after an L2 flush.
