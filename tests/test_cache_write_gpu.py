@@ -155,10 +155,11 @@ def test_fp8_division_bits_over_wide_ranges():
     n = 4096
     magnitude = torch.pow(10.0, torch.empty(n, 1, device="cuda").uniform_(-7, 7))
     kv = (torch.randn(n, 576, device="cuda") * magnitude).to(torch.bfloat16)
-    kv[0, :8] = torch.tensor([0.0, -0.0, 1e-38, -1e-38, 3e38, -3e38, 448.0, -448.0])
+    kv[0, :10] = torch.tensor([0.0, -0.0, 1e-38, -1e-38, 3e38, -3e38, 448.0, -448.0, float("inf"), -float("inf")])
     kv_c, k_pe = kv[:, :512], kv[:, 512:]
     slots = torch.arange(n, device="cuda")
-    for scale_value in torch.pow(10.0, torch.empty(6).uniform_(-4, 4)).tolist() + [1.0, 0.1, 3.0]:
+    # Random decades, common values, and divisors whose reciprocal is not a normal float.
+    for scale_value in torch.pow(10.0, torch.empty(6).uniform_(-4, 4)).tolist() + [1.0, 0.1, 3.0, 1e38, 1e-38, 2.0**-127]:
         scale = torch.tensor([scale_value], device="cuda", dtype=torch.float32)
         cache = torch.zeros(n // 64, 64, 576, device="cuda", dtype=torch.uint8)
         expected = cache.clone()

@@ -44,12 +44,15 @@ __device__ __forceinline__ float ds_mla_tile_scale(float amax) {
   return __uint_as_float(biased_exp << 23);
 }
 
-// Correctly rounded x / s at a fraction of the cost of IEEE division (which compiles to a call of
-// ~40 instructions and made the fp8 write instruction-bound). Markstein's theorem: with
+// Correctly rounded x / s without IEEE division (a call of ~40 instructions per element, behind
+// a divergent branch, that made the fp8 write instruction-bound). Markstein's theorem: with
 // y = RN(1/s) and q = RN(x * y) within 1 ulp of x / s, the residual e = x - q * s is exact in one
-// fma and RN(q + e * y) is the correctly rounded quotient, barring overflow/underflow. Quotients
-// far from 1 (|q| outside [2^-100, 2^100]), zero, inf and NaN take the IEEE division, as does a
-// divisor whose reciprocal is not a normal float.
+// fma and RN(q + e * y) is the correctly rounded quotient, barring overflow and underflow. Those
+// do not matter here, because the result is rounded on to e4m3: quotients past 448 saturate and
+// quotients below 2^-10 become a zero of the right sign either way. The special cases left are
+// q = +-0 (the formula would turn -0 into +0) and q = +-inf (it would give NaN): both keep q.
+// A divisor whose reciprocal is not a normal float breaks the theorem's premise and takes the
+// IEEE division (a uniform branch).
 struct Divisor {
   float s, y;
   bool fast;
@@ -57,15 +60,25 @@ struct Divisor {
 __device__ __forceinline__ Divisor make_divisor(float s) {
   const float y = 1.0f / s;
   const float ay = fabsf(y);
-  return Divisor{s, y, ay >= 0x1p-120f && ay <= 0x1p120f};
+  return Divisor{s, y, ay >= 0x1p-126f && ay <= 0x1p127f};
 }
-__device__ __forceinline__ float div_rn(float x, const Divisor& d) {
+__device__ __forceinline__ float div_markstein(float x, const Divisor& d) {
   const float q = __fmul_rn(x, d.y);
-  const float aq = fabsf(q);
-  if (d.fast && aq >= 0x1p-100f && aq <= 0x1p100f) {
-    return __fmaf_rn(__fmaf_rn(-q, d.s, x), d.y, q);
+  const float r = __fmaf_rn(__fmaf_rn(-q, d.s, x), d.y, q);
+  const uint32_t q_abs_bits = __float_as_uint(q) & 0x7fffffffu;
+  const bool zero_or_inf = q_abs_bits == 0u || q_abs_bits == 0x7f800000u;
+  return zero_or_inf ? q : r;
+}
+// x[i] / s for a lane's elements: the division-free path unless the divisor rules it out.
+template <int N>
+__device__ __forceinline__ void divide_all(float (&x)[N], const Divisor& d) {
+  if (d.fast) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = div_markstein(x[i], d);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = __fdiv_rn(x[i], d.s);
   }
-  return __fdiv_rn(x, d.s);
 }
 
 // Small (8-, 4- and 2-byte) accesses with the same aligned/byte-wise switch as load16/store16.
@@ -135,15 +148,15 @@ __device__ __forceinline__ void store_token(const CacheWriteParams& p, const Lan
     const float2 r = unpack2<scalar_t>(t.k_pe);
     if constexpr (kFormat == CacheFormat::kFp8) {
       // Per-tensor scale, k_pe quantised like kv_c, each element x / scale rounded exactly as
-      // IEEE division would (see div_rn), which is what the reference computes.
+      // IEEE division would (see div_markstein), which is what the reference computes.
       const Divisor d = make_divisor(*p.scale);
+      float pe[2] = {r.x, r.y};
+      divide_all(x[0], d);
+      divide_all(x[1], d);
+      divide_all(pe, d);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) x[h][i] = div_rn(x[h][i], d);
-        store_small<kVec>(t.row + h * kHalf + 8 * lane, quantize8_e4m3(x[h], 1.0f));
-      }
-      store_small<kVec>(t.row + kKvLoraRank + 2 * lane, float2_to_e4m3x2(div_rn(r.x, d), div_rn(r.y, d)));
+      for (int h = 0; h < 2; ++h) store_small<kVec>(t.row + h * kHalf + 8 * lane, quantize8_e4m3(x[h], 1.0f));
+      store_small<kVec>(t.row + kKvLoraRank + 2 * lane, float2_to_e4m3x2(pe[0], pe[1]));
     } else {
       static_assert(kFormat == CacheFormat::kFp8DsMla);
       float scale[2];

@@ -92,9 +92,8 @@ class Timer:
     def time_us(self, fn: Callable[[], object], name: str = "op") -> float:
         """Median microseconds of ``fn()`` over ``iters`` calls, each after an L2 flush.
 
-        The flush is queued on the stream just before the start event, so the CPU has already
-        launched ``fn`` by the time the GPU gets there: launch latency is not counted for work
-        that the host can issue faster than the GPU runs the flush (about 50-100 us).
+        The flush and a short spin are queued just before the start event, so the CPU has
+        already launched ``fn`` by the time the GPU gets there: host launch latency is not counted.
         """
         for _ in range(self.warmup):
             fn()
@@ -103,6 +102,9 @@ class Timer:
         with torch.cuda.nvtx.range(f"mla_ext.{name}"):
             for i in range(self.iters):
                 self.flush_l2()
+                # ~25 us of GPU spin after the flush: the host launches fn() before the GPU gets
+                # there, so small ops are not charged the host's launch latency.
+                torch.cuda._sleep(50_000)
                 starts[i].record()
                 fn()
                 ends[i].record()
