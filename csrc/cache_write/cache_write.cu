@@ -44,41 +44,35 @@ __device__ __forceinline__ float ds_mla_tile_scale(float amax) {
   return __uint_as_float(biased_exp << 23);
 }
 
-// Correctly rounded x / s without IEEE division (a call of ~40 instructions per element, behind
-// a divergent branch, that made the fp8 write instruction-bound). Markstein's theorem: with
-// y = RN(1/s) and q = RN(x * y) within 1 ulp of x / s, the residual e = x - q * s is exact in one
-// fma and RN(q + e * y) is the correctly rounded quotient, barring overflow and underflow. Those
-// do not matter here, because the result is rounded on to e4m3: quotients past 448 saturate and
-// quotients below 2^-10 become a zero of the right sign either way. The special cases left are
-// q = +-0 (the formula would turn -0 into +0) and q = +-inf (it would give NaN): both keep q.
-// A divisor whose reciprocal is not a normal float breaks the theorem's premise and takes the
-// IEEE division (a uniform branch).
+// Correctly rounded x / s without IEEE division (a call of ~40 instructions per element that
+// made the fp8 write instruction-bound). Markstein's theorem: with y = RN(1/s) and q = RN(x * y)
+// within 1 ulp of x / s, the residual e = x - q * s is exact in one fma and RN(q + e * y) is the
+// correctly rounded quotient, barring overflow and underflow. Those do not matter here because
+// the result is rounded on to e4m3, where quotients past 448 saturate and quotients below 2^-10
+// become a zero of the quotient's sign:
+//  - q is clamped to +-2^127 first, so an overflowing (or infinite) quotient stays a huge finite
+//    value (no inf - inf = NaN in the residual) and saturates;
+//  - the result takes q's sign (copysign), so -0 / s stays -0 (the fmas would give +0).
+// A divisor whose reciprocal is not a normal float (|s| > 2^126 or < 2^-126) breaks the premise:
+// both x and s are then pre-scaled by 2^-+64, exact unless x underflows or overflows, which only
+// happens when the quotient is far below or above the e4m3 range anyway.
 struct Divisor {
-  float s, y;
-  bool fast;
+  float pre;  // 2^-64, 1 or 2^64
+  float s;    // divisor * pre
+  float y;    // RN(1 / s)
 };
-__device__ __forceinline__ Divisor make_divisor(float s) {
-  const float y = 1.0f / s;
-  const float ay = fabsf(y);
-  return Divisor{s, y, ay >= 0x1p-126f && ay <= 0x1p127f};
+__device__ __forceinline__ Divisor make_divisor(float divisor) {
+  const float a = fabsf(divisor);
+  const float pre = a > 0x1p126f ? 0x1p-64f : (a < 0x1p-126f ? 0x1p64f : 1.0f);
+  const float s = divisor * pre;
+  return Divisor{pre, s, 1.0f / s};
 }
 __device__ __forceinline__ float div_markstein(float x, const Divisor& d) {
-  const float q = __fmul_rn(x, d.y);
-  const float r = __fmaf_rn(__fmaf_rn(-q, d.s, x), d.y, q);
-  const uint32_t q_abs_bits = __float_as_uint(q) & 0x7fffffffu;
-  const bool zero_or_inf = q_abs_bits == 0u || q_abs_bits == 0x7f800000u;
-  return zero_or_inf ? q : r;
-}
-// x[i] / s for a lane's elements: the division-free path unless the divisor rules it out.
-template <int N>
-__device__ __forceinline__ void divide_all(float (&x)[N], const Divisor& d) {
-  if (d.fast) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) x[i] = div_markstein(x[i], d);
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) x[i] = __fdiv_rn(x[i], d.s);
-  }
+  const float xs = __fmul_rn(x, d.pre);
+  float q = __fmul_rn(xs, d.y);
+  q = fabsf(q) > 0x1p127f ? copysignf(0x1p127f, q) : q;  // NaN compares false and stays NaN
+  const float r = __fmaf_rn(__fmaf_rn(-q, d.s, xs), d.y, q);
+  return copysignf(r, q);
 }
 
 // Small (8-, 4- and 2-byte) accesses with the same aligned/byte-wise switch as load16/store16.
@@ -133,7 +127,7 @@ __device__ __forceinline__ LaneToken load_token(const CacheWriteParams& p, int64
 }
 
 template <typename scalar_t, CacheFormat kFormat, bool kVec>
-__device__ __forceinline__ void store_token(const CacheWriteParams& p, const LaneToken& t, int lane) {
+__device__ __forceinline__ void store_token(const LaneToken& t, const Divisor& d, int lane) {
   constexpr int kHalf = kKvLoraRank / 2;  // offset of a lane's second kv_c piece
   if constexpr (kFormat == CacheFormat::kAuto) {
     // Plain copy, no conversion.
@@ -149,14 +143,14 @@ __device__ __forceinline__ void store_token(const CacheWriteParams& p, const Lan
     if constexpr (kFormat == CacheFormat::kFp8) {
       // Per-tensor scale, k_pe quantised like kv_c, each element x / scale rounded exactly as
       // IEEE division would (see div_markstein), which is what the reference computes.
-      const Divisor d = make_divisor(*p.scale);
-      float pe[2] = {r.x, r.y};
-      divide_all(x[0], d);
-      divide_all(x[1], d);
-      divide_all(pe, d);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) store_small<kVec>(t.row + h * kHalf + 8 * lane, quantize8_e4m3(x[h], 1.0f));
-      store_small<kVec>(t.row + kKvLoraRank + 2 * lane, float2_to_e4m3x2(pe[0], pe[1]));
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) x[h][i] = div_markstein(x[h][i], d);
+        store_small<kVec>(t.row + h * kHalf + 8 * lane, quantize8_e4m3(x[h], 1.0f));
+      }
+      store_small<kVec>(t.row + kKvLoraRank + 2 * lane,
+                        float2_to_e4m3x2(div_markstein(r.x, d), div_markstein(r.y, d)));
     } else {
       static_assert(kFormat == CacheFormat::kFp8DsMla);
       float scale[2];
@@ -197,10 +191,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int lane = threadIdx.x % 32;
   const int64_t stride = int64_t(gridDim.x) * kWarpsPerBlock;
   int64_t token = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  // The fp8 per-tensor divisor, read and prepared once per thread.
+  Divisor d{};
+  if constexpr (kFormat == CacheFormat::kFp8) d = make_divisor(*p.scale);
   LaneToken current = load_token<scalar_t, kFormat, kVec>(p, token, lane);
   for (; token < p.num_tokens; token += stride) {
     const LaneToken next = load_token<scalar_t, kFormat, kVec>(p, token + stride, lane);
-    if (current.row != nullptr) store_token<scalar_t, kFormat, kVec>(p, current, lane);
+    if (current.row != nullptr) store_token<scalar_t, kFormat, kVec>(current, d, lane);
     current = next;
   }
 }
