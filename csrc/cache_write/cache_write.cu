@@ -50,29 +50,43 @@ __device__ __forceinline__ float ds_mla_tile_scale(float amax) {
 // correctly rounded quotient, barring overflow and underflow. Those do not matter here because
 // the result is rounded on to e4m3, where quotients past 448 saturate and quotients below 2^-10
 // become a zero of the quotient's sign:
-//  - q is clamped to +-2^127 first, so an overflowing (or infinite) quotient stays a huge finite
-//    value (no inf - inf = NaN in the residual) and saturates;
+//  - an overflowing (or infinite) quotient q makes the residual NaN; then q itself is returned
+//    and saturates (a NaN x gives a NaN q and stays NaN);
 //  - the result takes q's sign (copysign), so -0 / s stays -0 (the fmas would give +0).
 // A divisor whose reciprocal is not a normal float (|s| > 2^126 or < 2^-126) breaks the premise:
 // both x and s are then pre-scaled by 2^-+64, exact unless x underflows or overflows, which only
-// happens when the quotient is far below or above the e4m3 range anyway.
+// happens when the quotient is far below or above the e4m3 range anyway. A power-of-two divisor
+// (1.0 when the cache is uncalibrated) needs only the multiply by its exact reciprocal.
 struct Divisor {
-  float pre;  // 2^-64, 1 or 2^64
-  float s;    // divisor * pre
-  float y;    // RN(1 / s)
+  float pre;   // 2^-64, 1 or 2^64
+  float s;     // divisor * pre
+  float y;     // RN(1 / s)
+  bool exact;  // s is a power of two: x * y == x / s
 };
 __device__ __forceinline__ Divisor make_divisor(float divisor) {
   const float a = fabsf(divisor);
   const float pre = a > 0x1p126f ? 0x1p-64f : (a < 0x1p-126f ? 0x1p64f : 1.0f);
   const float s = divisor * pre;
-  return Divisor{pre, s, 1.0f / s};
+  return Divisor{pre, s, 1.0f / s, (__float_as_uint(s) & 0x7fffffu) == 0};
 }
-__device__ __forceinline__ float div_markstein(float x, const Divisor& d) {
-  const float xs = __fmul_rn(x, d.pre);
-  float q = __fmul_rn(xs, d.y);
-  q = fabsf(q) > 0x1p127f ? copysignf(0x1p127f, q) : q;  // NaN compares false and stays NaN
-  const float r = __fmaf_rn(__fmaf_rn(-q, d.s, xs), d.y, q);
-  return copysignf(r, q);
+__device__ __forceinline__ float div_markstein(float x, float s, float y) {
+  const float q = __fmul_rn(x, y);
+  const float r = __fmaf_rn(__fmaf_rn(-q, s, x), y, q);
+  return copysignf(r == r ? r : q, q);
+}
+// x[i] / d for one lane's elements; the branches are uniform across the grid.
+template <int N>
+__device__ __forceinline__ void divide(float (&x)[N], const Divisor& d) {
+  if (d.exact) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = __fmul_rn(__fmul_rn(x[i], d.pre), d.y);
+  } else if (d.pre == 1.0f) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = div_markstein(x[i], d.s, d.y);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = div_markstein(__fmul_rn(x[i], d.pre), d.s, d.y);
+  }
 }
 
 // Small (8-, 4- and 2-byte) accesses with the same aligned/byte-wise switch as load16/store16.
@@ -143,14 +157,13 @@ __device__ __forceinline__ void store_token(const LaneToken& t, const Divisor& d
     if constexpr (kFormat == CacheFormat::kFp8) {
       // Per-tensor scale, k_pe quantised like kv_c, each element x / scale rounded exactly as
       // IEEE division would (see div_markstein), which is what the reference computes.
+      float pe[2] = {r.x, r.y};
+      divide(x[0], d);
+      divide(x[1], d);
+      divide(pe, d);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) x[h][i] = div_markstein(x[h][i], d);
-        store_small<kVec>(t.row + h * kHalf + 8 * lane, quantize8_e4m3(x[h], 1.0f));
-      }
-      store_small<kVec>(t.row + kKvLoraRank + 2 * lane,
-                        float2_to_e4m3x2(div_markstein(r.x, d), div_markstein(r.y, d)));
+      for (int h = 0; h < 2; ++h) store_small<kVec>(t.row + h * kHalf + 8 * lane, quantize8_e4m3(x[h], 1.0f));
+      store_small<kVec>(t.row + kKvLoraRank + 2 * lane, float2_to_e4m3x2(pe[0], pe[1]));
     } else {
       static_assert(kFormat == CacheFormat::kFp8DsMla);
       float scale[2];

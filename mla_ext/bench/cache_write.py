@@ -13,7 +13,7 @@ NAME = "concat_and_cache_mla"
 FORMATS = ("auto", "fp8", "fp8_ds_mla")
 
 
-def _inputs(num_tokens: int, block_size: int, fmt: str, device, extra_blocks: int = 3):
+def _inputs(num_tokens: int, block_size: int, fmt: str, device, extra_blocks: int = 3, fp8_scale: float = 0.0173):
     num_blocks = (num_tokens + block_size - 1) // block_size + extra_blocks
     # kv_c and k_pe as strided views of one [T, 576] projection output, as engines produce them.
     kv = torch.randn(num_tokens, 576, dtype=torch.bfloat16, device=device)
@@ -24,7 +24,7 @@ def _inputs(num_tokens: int, block_size: int, fmt: str, device, extra_blocks: in
     pages = torch.randperm(num_blocks, device=device)
     token = torch.arange(num_tokens, device=device)
     slots = pages[token // block_size] * block_size + token % block_size
-    scale = torch.tensor([0.0173], device=device) if fmt == "fp8" else None
+    scale = torch.tensor([fp8_scale], device=device) if fmt == "fp8" else None
     return kv_c, k_pe, cache, slots, scale
 
 
@@ -54,14 +54,17 @@ def self_check(device: str) -> str:
 def bench(timer: Timer, roofline: Roofline, quick: bool = False) -> list[Row]:
     rows = []
     token_counts = (1, 4096, 65536) if quick else (1, 16, 256, 4096, 16384, 65536)
-    for fmt in FORMATS:
+    # fp8 with an arbitrary calibrated scale (division) and with scale 1.0 (an exact multiply).
+    variants = [("auto", None), ("fp8", 0.0173), ("fp8", 1.0), ("fp8_ds_mla", None)]
+    for fmt, fp8_scale in variants:
+        label = fmt if fp8_scale is None else f"{fmt} scale={fp8_scale:g}"
         for t in token_counts:
-            kv_c, k_pe, cache, slots, scale = _inputs(t, 64, fmt, "cuda")
+            kv_c, k_pe, cache, slots, scale = _inputs(t, 64, fmt, "cuda", fp8_scale=fp8_scale or 1.0)
             fn = lambda: torch.ops.mla_ext.concat_and_cache_mla(kv_c, k_pe, cache, slots, fmt, scale)  # noqa: E731
-            us = timer.time_us(fn, f"{NAME}.{fmt}.T{t}")
+            us = timer.time_us(fn, f"{NAME}.{label.replace(' ', '_')}.T{t}")
             # bytes: inputs read (576 bf16 + slot) + cache rows written
             nbytes = t * (576 * 2 + 8 + row_width(fmt) * cache.element_size())
-            rows.append(Row(f"{fmt} T={t}", us, bytes=nbytes, roofline=roofline))
+            rows.append(Row(f"{label} T={t}", us, bytes=nbytes, roofline=roofline))
     return rows
 
 
