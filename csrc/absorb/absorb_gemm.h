@@ -1,0 +1,60 @@
+// Tile configurations of the absorbed-projection GEMM (host-visible, no device code).
+#pragma once
+
+#include "absorb/absorb.h"
+
+namespace mla::absorb {
+
+// One CTA owns one head h and one block of BN output columns; it keeps that head's weight
+// slice (all K rows x BN columns, as bf16) resident in shared memory and streams BM-row tiles
+// of `a` through a cp.async pipeline of kStages stages of [BM, 64] bf16. Every weight byte is
+// read from HBM once at small T; at large T each CTA amortises its slice over many M tiles.
+template <AbsorbOp kOp_, bool kFp8_, int kBM, int kBN, int kWarpsM_, int kWarpsN_, int kStages_>
+struct Config {
+  static constexpr AbsorbOp kOp = kOp_;
+  static constexpr bool kFp8 = kFp8_;  // weights e4m3 + [H, 4] scales, dequantised into smem
+  static constexpr int BM = kBM, BN = kBN;
+  static constexpr int K = kOp == AbsorbOp::kQAbsorb ? kQkNopeHeadDim : kKvLoraRank;
+  static constexpr int N = kOp == AbsorbOp::kQAbsorb ? kKvLoraRank : kVHeadDim;
+  // The stored weight's rows are k for q_absorb (W_UK_T[h]) and n for v_up (W_UV[h]^T).
+  static constexpr bool kWeightRowsAreK = kOp == AbsorbOp::kQAbsorb;
+  static constexpr int BK = 64;  // one pipeline stage: [BM, 64] bf16, rows of 128 bytes
+  static constexpr int kChunksPerTile = K / BK;
+  static constexpr int kStages = kStages_;
+  static constexpr int kWarpsM = kWarpsM_, kWarpsN = kWarpsN_;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  static constexpr int WM = BM / kWarpsM, WN = BN / kWarpsN;  // warp tile
+  static constexpr int MT = WM / 16, NT = WN / 8;             // m16n8k16 tiles per warp
+  // Resident weight slice as rows of 16-byte chunks: [K rows][BN / 8] or [BN rows][K / 8].
+  static constexpr int kBRows = kWeightRowsAreK ? K : BN;
+  static constexpr int kBRowChunks = (kWeightRowsAreK ? BN : K) / 8;
+  static constexpr int kBBytes = kBRows * kBRowChunks * 16;
+  static constexpr int kABytes = BM * BK * 2;  // one stage
+  static constexpr int kSmemBytes = kBBytes + kStages * kABytes;
+  static constexpr int kNumNBlocks = N / BN;
+  static constexpr int kQPeChunksPerCta = 8 / kNumNBlocks;  // q_pe row = 8 chunks, split over N blocks
+
+  static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile must be a multiple of m16 x n16");
+  static_assert(BM == WM * kWarpsM && BN == WN * kWarpsN);
+  static_assert(N % BN == 0 && K % BK == 0 && kStages >= 2);
+  static_assert(kBRowChunks % 8 == 0, "the XOR swizzle needs rows of at least 128 bytes");
+  static_assert(kWeightBlock % BN == 0 || !kWeightRowsAreK, "one fp8 scale per CTA for q_absorb");
+  static_assert(8 % kNumNBlocks == 0 || kOp != AbsorbOp::kQAbsorb);
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of sm90/sm100");
+};
+
+// Tiers by T: BM = 16, 32, 64 (weight-bandwidth bound; 4 warps side by side on N, BN = 64) and
+// 128 (large T, ordinary GEMM; 2 x 4 warps, BN = 128). v_up streams K = 512 so it gets a deeper
+// pipeline. Both ops share the tiers; the dispatch in absorb.cu picks one by T.
+inline constexpr int kNumTiers = 4;
+inline constexpr int kTierBM[kNumTiers] = {16, 32, 64, 128};
+
+template <AbsorbOp kOp, bool kFp8, int kTier>
+using TierConfig = Config<kOp, kFp8, kTierBM[kTier], kTier == 3 ? 128 : 64, kTier == 3 ? 2 : 1, 4,
+                          kOp == AbsorbOp::kQAbsorb ? 3 : 4>;
+
+// Defined in absorb_gemm.cuh, instantiated in instantiations/*.cu.
+template <class Cfg>
+void launch_absorb_gemm(const AbsorbParams& params);
+
+}  // namespace mla::absorb
