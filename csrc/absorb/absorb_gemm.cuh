@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) absorb_gemm_kernel(const __grid
     // first conversion so that several are in flight per thread.
     const auto* w = static_cast<const uint8_t*>(p.w) + h * (kQkNopeHeadDim * kKvLoraRank);
     const float* scale = p.w_scale + h * kNumLatentBlocks;
-    constexpr int kLoads = kBChunks / 2, kPairsPerRow = Cfg::kBRowChunks / 2, kBatch = 4;
+    constexpr int kLoads = kBChunks / 2, kPairsPerRow = Cfg::kBRowChunks / 2, kBatch = 8;
     for (int base = tid; base < kLoads; base += Cfg::kThreads * kBatch) {
       uint4 raw[kBatch];
 #pragma unroll
