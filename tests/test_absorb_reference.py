@@ -254,3 +254,13 @@ def test_absorb_weights_fp8_request_on_bf16():
     with pytest.raises(mla_ext.MlaInputError, match="bf16 checkpoint"):
         _weights().uk(fp8=True)
     assert isinstance(_weights(), AbsorbWeights)
+
+
+def test_single_head_weights():
+    """H = 1 (stride of the head dim is irrelevant; prepare may keep kv_b_proj's storage)."""
+    w8, s = _fp8_kv_b(1)
+    w = mla_ext.prepare_absorb_weights(w8, 1, s)
+    q = torch.randn(2, 1, P + R, dtype=torch.bfloat16)
+    for fp8 in (False, True):
+        assert mla_ext.q_absorb(q[..., :P], q[..., P:], *w.uk(fp8)).shape == (2, 1, L + R)
+        assert mla_ext.v_up(torch.randn(2, 1, L, dtype=torch.bfloat16), *w.uv(fp8)).shape == (2, 1, V)

@@ -5,6 +5,8 @@
 #include "common/cuda_check.h"
 #include "common/dispatch.h"
 
+#include <cstdlib>
+
 namespace mla {
 namespace {
 
@@ -17,6 +19,13 @@ int tier_for(int64_t num_tokens) {
   return 3;
 }
 
+// Large-T v_up: tier 3 (1 CTA of 8 warps per SM, whole weight slice resident) unless
+// MLA_EXT_ABSORB_VUP_TIER4 is set (two CTAs per SM, half the weight slice each).
+bool v_up_tier4_from_env() {
+  const char* v = std::getenv("MLA_EXT_ABSORB_VUP_TIER4");
+  return v != nullptr && v[0] != '\0' && v[0] != '0';
+}
+
 template <AbsorbOp kOp, bool kFp8>
 void run_tiers(const AbsorbParams& p) {
   using namespace absorb;
@@ -24,7 +33,11 @@ void run_tiers(const AbsorbParams& p) {
     case 0: return launch_absorb_gemm<TierConfig<kOp, kFp8, 0>>(p);
     case 1: return launch_absorb_gemm<TierConfig<kOp, kFp8, 1>>(p);
     case 2: return launch_absorb_gemm<TierConfig<kOp, kFp8, 2>>(p);
-    default: return launch_absorb_gemm<TierConfig<kOp, kFp8, 3>>(p);
+    default:
+      if constexpr (kOp == AbsorbOp::kVUp) {
+        if (v_up_tier4_from_env()) return launch_absorb_gemm<TierConfig<kOp, kFp8, 4>>(p);
+      }
+      return launch_absorb_gemm<TierConfig<kOp, kFp8, 3>>(p);
   }
 }
 

@@ -3,12 +3,14 @@
 //
 // Grid = (N / BN, H, m_splits). CTA (nb, h, z):
 //   1. loads head h's weight slice for output columns [nb*BN, nb*BN + BN) into shared memory
-//      once: bf16 by cp.async, or e4m3 by 16-byte loads dequantised to bf16(w * scale), the same
-//      rounding as the bf16 weights prepare_absorb_weights makes;
+//      once: bf16 by cp.async, one k chunk with each pipeline piece of the first M tile (the
+//      first mma waits for one chunk, not the whole slice); or e4m3 by 16-byte loads dequantised
+//      to bf16(w * scale), the rounding of the bf16 weights prepare_absorb_weights makes;
 //   2. loops over M tiles z, z + m_splits, ...: the [BM, K] rows of `a` stream through a
 //      kStages-deep cp.async pipeline in [BM, 64] pieces; each warp computes a WM x WN tile
 //      (ldmatrix for A, ldmatrix / ldmatrix.trans for the resident weight);
-//   3. stores the bf16 tile straight into c (row stride honoured) and, for q_absorb, copies its
+//   3. stores the bf16 tile into c (row stride honoured; staged through shared memory for
+//      16-byte stores where the budget allows) and, for q_absorb, copies its
 //      share of q_pe (BN-block nb takes chunks nb * 8 / num_n_blocks ...) into columns 512..575.
 // Shared memory rows of 16-byte chunks are XOR-swizzled (chunk ^ (row % 8)), so the 8 rows that
 // one ldmatrix phase reads fall into 8 different bank groups.
@@ -101,9 +103,15 @@ __global__ void __launch_bounds__(Cfg::kThreads) absorb_gemm_kernel(const __grid
 
   const auto* a_head = static_cast<const __nv_bfloat16*>(p.a) + h * p.stride_a_head;
 
-  // A piece `step` = (tile my_tile(step / kChunksPerTile), k chunk step % kChunksPerTile) into
-  // stage step % kStages. Always commits a group (maybe empty) so that wait_group counts match.
-  auto load_a = [&](int step) {
+  // ---- 1. the weight slice: stored rows [row0, row0 + kBRows), columns [col0, col0 + 8*kBRowChunks)
+  const int row0 = Cfg::kWeightRowsAreK ? 0 : nb * BN;
+  const int col0 = Cfg::kWeightRowsAreK ? nb * BN : 0;
+
+  // Piece `step` = A rows of tile (blockIdx.z + (step / kChunksPerTile) * gridDim.z), k chunk
+  // step % kChunksPerTile, into stage step % kStages; for bf16 weights the first tile's pieces
+  // also carry the weight slice's k chunk, so that the first mma waits for one chunk of the
+  // weights, not all of them. Always commits a group (maybe empty): wait_group counts match.
+  auto load_piece = [&](int step) {
     if (step < total_steps) {
       const int64_t tile = blockIdx.z + static_cast<int64_t>(step / kChunksPerTile) * gridDim.z;
       const int k0 = (step % kChunksPerTile) * BK;
@@ -115,25 +123,25 @@ __global__ void __launch_bounds__(Cfg::kThreads) absorb_gemm_kernel(const __grid
         const bool valid = t < num_tokens;
         cp_async16(stage + swizzle(r, c, 8), a_head + (valid ? t : 0) * p.stride_a_token + k0 + c * 8, valid);
       }
+      if (!Cfg::kFp8 && step < kChunksPerTile) {
+        const auto* w = static_cast<const __nv_bfloat16*>(p.w) + h * (kQkNopeHeadDim * kKvLoraRank);
+        // k chunk `step` of the slice: 64 stored rows (q_absorb) or 8 chunks of every row (v_up)
+        constexpr int kRows = Cfg::kWeightRowsAreK ? BK : Cfg::kBRows;
+        constexpr int kCols = Cfg::kWeightRowsAreK ? Cfg::kBRowChunks : BK / 8;
+        const int r_first = Cfg::kWeightRowsAreK ? k0 : 0, c_first = Cfg::kWeightRowsAreK ? 0 : k0 / 8;
+#pragma unroll 4
+        for (int i = tid; i < kRows * kCols; i += Cfg::kThreads) {
+          const int r = r_first + i / kCols, c = c_first + i % kCols;
+          cp_async16(smem_b + swizzle(r, c, Cfg::kBRowChunks), w + (row0 + r) * kKvLoraRank + col0 + c * 8, true);
+        }
+      }
     }
     cp_async_commit();
   };
 
-  // ---- 1. the weight slice: stored rows [row0, row0 + kBRows), columns [col0, col0 + 8*kBRowChunks)
-  const int row0 = Cfg::kWeightRowsAreK ? 0 : nb * BN;
-  const int col0 = Cfg::kWeightRowsAreK ? nb * BN : 0;
-  constexpr int kBChunks = Cfg::kBRows * Cfg::kBRowChunks;
-  if constexpr (!Cfg::kFp8) {
-    const auto* w = static_cast<const __nv_bfloat16*>(p.w) + h * (kQkNopeHeadDim * kKvLoraRank);
-#pragma unroll 4
-    for (int i = tid; i < kBChunks; i += Cfg::kThreads) {
-      const int r = i / Cfg::kBRowChunks, c = i % Cfg::kBRowChunks;
-      cp_async16(smem_b + swizzle(r, c, Cfg::kBRowChunks), w + (row0 + r) * kKvLoraRank + col0 + c * 8, true);
-    }
-    cp_async_commit();
-  }
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) load_a(s);
+  for (int s = 0; s < kStages - 1; ++s) load_piece(s);
+  constexpr int kBChunks = Cfg::kBRows * Cfg::kBRowChunks;
   if constexpr (Cfg::kFp8) {
     // Each 16-byte load is 16 e4m3 = two bf16 chunks; loads are issued in batches before the
     // first conversion so that several are in flight per thread.
@@ -170,8 +178,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) absorb_gemm_kernel(const __grid
   float acc[MT][NT][4];
   for (int step = 0; step < total_steps; ++step) {
     cp_async_wait<kStages - 2>();
-    __syncthreads();  // piece `step` (and the weight slice) visible; stage (step - 1) free
-    load_a(step + kStages - 1);
+    __syncthreads();  // piece `step` (A and weight chunk) visible; stage (step - 1) free
+    load_piece(step + kStages - 1);
 
     const int kc = step % kChunksPerTile;
     if (kc == 0) {
@@ -216,18 +224,46 @@ __global__ void __launch_bounds__(Cfg::kThreads) absorb_gemm_kernel(const __grid
     if (kc == kChunksPerTile - 1) {
       const int64_t tile = blockIdx.z + static_cast<int64_t>(step / kChunksPerTile) * gridDim.z;
       auto* c_head = static_cast<__nv_bfloat16*>(p.c) + h * p.stride_c_head;
+      if constexpr (Cfg::kStageC) {
+        // Through shared memory, so that global stores are 16 bytes per thread and whole rows
+        // per warp (fragment stores would touch 8 rows with 16 bytes each per instruction).
+        constexpr int kCRowChunks = BN / 8;
 #pragma unroll
-      for (int mi = 0; mi < MT; ++mi) {
-        const int64_t t = tile * BM + warp_m * Cfg::WM + mi * 16 + lane / 4;
+        for (int mi = 0; mi < MT; ++mi) {
 #pragma unroll
-        for (int nj = 0; nj < NT; ++nj) {
-          const int n = nb * BN + warp_n * Cfg::WN + nj * 8 + 2 * (lane % 4);
+          for (int half = 0; half < 2; ++half) {
+            const int r = warp_m * Cfg::WM + mi * 16 + lane / 4 + 8 * half;
+#pragma unroll
+            for (int nj = 0; nj < NT; ++nj) {
+              const int n = warp_n * Cfg::WN + nj * 8 + 2 * (lane % 4);
+              *reinterpret_cast<__nv_bfloat162*>(smem + Cfg::kCOffset + swizzle(r, n / 8, kCRowChunks) + (n % 8) * 2) =
+                  __floats2bfloat162_rn(acc[mi][nj][2 * half], acc[mi][nj][2 * half + 1]);
+            }
+          }
+        }
+        __syncthreads();
+        for (int i = tid; i < BM * kCRowChunks; i += Cfg::kThreads) {
+          const int r = i / kCRowChunks, c = i % kCRowChunks;
+          const int64_t t = tile * BM + r;
           if (t < num_tokens)
-            *reinterpret_cast<__nv_bfloat162*>(c_head + t * p.stride_c_token + n) =
-                __floats2bfloat162_rn(acc[mi][nj][0], acc[mi][nj][1]);
-          if (t + 8 < num_tokens)
-            *reinterpret_cast<__nv_bfloat162*>(c_head + (t + 8) * p.stride_c_token + n) =
-                __floats2bfloat162_rn(acc[mi][nj][2], acc[mi][nj][3]);
+            *reinterpret_cast<uint4*>(c_head + t * p.stride_c_token + nb * BN + c * 8) =
+                *reinterpret_cast<const uint4*>(smem + Cfg::kCOffset + swizzle(r, c, kCRowChunks));
+        }
+        // The next tile's epilogue rewrites this buffer only after the next step's barrier.
+      } else {
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) {
+          const int64_t t = tile * BM + warp_m * Cfg::WM + mi * 16 + lane / 4;
+#pragma unroll
+          for (int nj = 0; nj < NT; ++nj) {
+            const int n = nb * BN + warp_n * Cfg::WN + nj * 8 + 2 * (lane % 4);
+            if (t < num_tokens)
+              *reinterpret_cast<__nv_bfloat162*>(c_head + t * p.stride_c_token + n) =
+                  __floats2bfloat162_rn(acc[mi][nj][0], acc[mi][nj][1]);
+            if (t + 8 < num_tokens)
+              *reinterpret_cast<__nv_bfloat162*>(c_head + (t + 8) * p.stride_c_token + n) =
+                  __floats2bfloat162_rn(acc[mi][nj][2], acc[mi][nj][3]);
+          }
         }
       }
       if constexpr (Cfg::kOp == AbsorbOp::kQAbsorb) {
@@ -264,11 +300,11 @@ void launch_absorb_gemm(const AbsorbParams& p) {
   }
   const int64_t num_tiles = (p.num_tokens + Cfg::BM - 1) / Cfg::BM;
   const int64_t ctas = int64_t(Cfg::kNumNBlocks) * p.num_heads;
-  // Split the M tiles over more CTAs until the GPU is full: one wave at small T (each extra split
-  // re-reads the weight slice), four at large T (load balance; slices then come from L2).
+  // Split the M tiles over more CTAs while the GPU has room: up to one wave at small T (each
+  // extra split re-reads the weight slice, and a second wave would wait for the first), about
+  // four waves at large T (load balance; the slices then come from L2).
   const int64_t slots = int64_t(device_info(p.device).num_sms) * ctas_per_sm[p.device];
-  const int64_t waves = Cfg::BM >= 128 ? 4 : 1;
-  int64_t m_splits = (waves * slots + ctas - 1) / ctas;
+  int64_t m_splits = Cfg::BM >= 128 ? (4 * slots + ctas - 1) / ctas : slots / ctas;
   m_splits = m_splits < 1 ? 1 : (m_splits > num_tiles ? num_tiles : m_splits);
   MLA_HOST_CHECK(p.num_heads <= 65535, "num_heads must be <= 65535 (grid.y)");
   const dim3 grid(Cfg::kNumNBlocks, static_cast<unsigned>(p.num_heads), static_cast<unsigned>(m_splits));

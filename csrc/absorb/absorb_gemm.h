@@ -30,7 +30,11 @@ struct Config {
   static constexpr int kBRowChunks = (kWeightRowsAreK ? BN : K) / 8;
   static constexpr int kBBytes = kBRows * kBRowChunks * 16;
   static constexpr int kABytes = BM * BK * 2;  // one stage
-  static constexpr int kSmemBytes = kBBytes + kStages * kABytes;
+  // Output tile staged in shared memory for 16-byte stores, unless that would cost occupancy
+  // (the 2-CTA-per-SM large v_up tile).
+  static constexpr bool kStageC = !(kOp == AbsorbOp::kVUp && BN == 64);
+  static constexpr int kCOffset = kBBytes + kStages * kABytes;
+  static constexpr int kSmemBytes = kCOffset + (kStageC ? BM * BN * 2 : 0);
   static constexpr int kNumNBlocks = N / BN;
   static constexpr int kQPeChunksPerCta = 8 / kNumNBlocks;  // q_pe row = 8 chunks, split over N blocks
 
@@ -43,15 +47,31 @@ struct Config {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of sm90/sm100");
 };
 
-// Tiers by T: BM = 16, 32, 64 (weight-bandwidth bound; 4 warps side by side on N, BN = 64) and
-// 128 (large T, ordinary GEMM; 2 x 4 warps, BN = 128). v_up streams K = 512 so it gets a deeper
-// pipeline. Both ops share the tiers; the dispatch in absorb.cu picks one by T.
-inline constexpr int kNumTiers = 4;
-inline constexpr int kTierBM[kNumTiers] = {16, 32, 64, 128};
+// Tiers by T (absorb.cu picks one): BM = 16, 32, 64 at small T, where reading the weights (or
+// the small output) dominates, and a 128-row GEMM tile at large T.
+//   q_absorb (K = 128): BN = 64, 4 warps side by side on N (8 CTAs per head stream the weights);
+//                       large T 128 x 128, 2 x 4 warps. 3 stages cover a whole 128-row tile.
+//   v_up (K = 512):     BN = 128 (all of N, so x is read once), 8 warps side by side on N, and
+//                       kChunksPerTile + 1 stages at BM <= 32 so that all of the first tile's K
+//                       is in flight at once; large T 128 x 128, 2 x 4 warps, 4 stages (tier 3),
+//                       or 128 x 64, 4 x 2 warps, 3 stages, two CTAs per SM (tier 4).
+inline constexpr int kNumTiers = 5;
+inline constexpr int kTierBM[kNumTiers] = {16, 32, 64, 128, 128};
 
 template <AbsorbOp kOp, bool kFp8, int kTier>
-using TierConfig = Config<kOp, kFp8, kTierBM[kTier], kTier == 3 ? 128 : 64, kTier == 3 ? 2 : 1, 4,
-                          kOp == AbsorbOp::kQAbsorb ? 3 : 4>;
+struct TierConfigOf;
+template <bool kFp8, int kTier>
+struct TierConfigOf<AbsorbOp::kQAbsorb, kFp8, kTier> {
+  static_assert(kTier <= 3);
+  using type = Config<AbsorbOp::kQAbsorb, kFp8, kTierBM[kTier], kTier == 3 ? 128 : 64, kTier == 3 ? 2 : 1, 4, 3>;
+};
+template <bool kFp8, int kTier>
+struct TierConfigOf<AbsorbOp::kVUp, kFp8, kTier> {
+  using type = Config<AbsorbOp::kVUp, kFp8, kTierBM[kTier], kTier == 4 ? 64 : 128, kTier < 3 ? 1 : (kTier == 3 ? 2 : 4),
+                      kTier < 3 ? 8 : (kTier == 3 ? 4 : 2), kTier < 2 ? 9 : (kTier == 4 ? 3 : kTier == 2 ? 5 : 4)>;
+};
+template <AbsorbOp kOp, bool kFp8, int kTier>
+using TierConfig = typename TierConfigOf<kOp, kFp8, kTier>::type;
 
 // Defined in absorb_gemm.cuh, instantiated in instantiations/*.cu.
 template <class Cfg>

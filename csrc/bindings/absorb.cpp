@@ -33,7 +33,8 @@ DType check_weight(const Tensor& w, const std::optional<Tensor>& scale, const ch
   check_cuda(w, name, op, device);
   MLA_ARG_CHECK(w.dim() == 3 && w.size(0) == heads && w.size(1) == shape[0] && w.size(2) == shape[1], op,
                 name << " must be [" << heads << ", " << shape[0] << ", " << shape[1] << "], got " << shape_str(w));
-  MLA_ARG_CHECK(w.stride(0) == strides[0] && w.stride(1) == strides[1] && w.stride(2) == strides[2], op,
+  // (the stride of a size-1 dim is irrelevant: H = 1 weights may keep kv_b_proj's head stride)
+  MLA_ARG_CHECK((w.stride(0) == strides[0] || heads == 1) && w.stride(1) == strides[1] && w.stride(2) == strides[2], op,
                 name << " must have strides (" << strides[0] << ", " << strides[1] << ", " << strides[2]
                      << "), the layout prepare_absorb_weights makes");
   const ScalarType wt = w.scalar_type();
@@ -44,7 +45,8 @@ DType check_weight(const Tensor& w, const std::optional<Tensor>& scale, const ch
     MLA_ARG_CHECK(scale.has_value(), op, "float8_e4m3fn " << name << " needs " << name << "_scale [H, 4] float32");
     check_cuda(*scale, "scale", op, device);
     MLA_ARG_CHECK(scale->scalar_type() == ScalarType::Float && scale->dim() == 2 && scale->size(0) == heads &&
-                      scale->size(1) == kNumLatentBlocks && scale->stride(1) == 1 && scale->stride(0) == kNumLatentBlocks,
+                      scale->size(1) == kNumLatentBlocks && scale->stride(1) == 1 &&
+                      (scale->stride(0) == kNumLatentBlocks || heads == 1),
                   op, name << "_scale must be a contiguous [" << heads << ", 4] float32 tensor, got "
                            << scalar_type_name(scale->scalar_type()) << " " << shape_str(*scale));
   } else {

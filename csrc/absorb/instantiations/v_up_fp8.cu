@@ -1,4 +1,4 @@
-// v_up with fp8 weights, all four tiers (one file per op and dtype so the build parallelises).
+// v_up with fp8 weights, all five tiers (one file per op and dtype so the build parallelises).
 #include "absorb/absorb_gemm.cuh"
 
 namespace mla::absorb {
@@ -6,4 +6,5 @@ template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, true, 0>>(const Abso
 template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, true, 1>>(const AbsorbParams&);
 template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, true, 2>>(const AbsorbParams&);
 template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, true, 3>>(const AbsorbParams&);
+template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, true, 4>>(const AbsorbParams&);
 }  // namespace mla::absorb
