@@ -16,10 +16,13 @@ pytestmark = pytest.mark.gpu
 P, V, L, R = 128, 128, 512, 64
 TOKENS = (1, 7, 64, 257, 4096)
 HEADS = (1, 16, 128)
-# bf16 output of an fp32 accumulation: one rounding (2^-9 relative) plus summation order. Values
-# are O(0.5); fp8 weights are dequantised to bf16(w * s) in the kernel (prepare's bf16 weights),
-# the reference keeps w * s in fp32: a further ~2^-9 relative per weight.
-TOL = dict(cos_tol=2e-5, atol=1.5e-2, rtol=1.5e-2)
+# Against the reference on the same bf16 weights: one bf16 rounding of the output (2^-9
+# relative) plus fp32 summation order. fp8 weights are dequantised in the kernel to bf16(w * s),
+# exactly the bf16 weights prepare_absorb_weights returns, so the same tolerance applies; against
+# the fp32 dequantised weights the weights' own bf16 rounding adds up to ~0.02 (measured
+# on the CPU with these distributions), hence FP32_W_TOL.
+TOL = dict(cos_tol=1e-5, atol=2e-3, rtol=8e-3)
+FP32_W_TOL = dict(cos_tol=2e-5, atol=6e-2, rtol=2e-2)
 
 
 def _weights(h: int, fp8: bool) -> mla_ext.AbsorbWeights:
@@ -41,10 +44,13 @@ def test_q_absorb(t, h, fp8):
     q_nope, q_pe = q[..., :P], q[..., P:]
     w_uk_t, scale = w.uk(fp8)
     out = mla_ext.q_absorb(q_nope, q_pe, w_uk_t, scale)
-    ref = reference.q_absorb(q_nope.float(), q_pe.float(), w_uk_t, scale)  # fp32 out
     assert out.shape == (t, h, L + R) and out.is_contiguous()
     assert torch.equal(out[..., L:], q_pe), "q_pe must be copied bit-exactly"
+    ref = reference.q_absorb(q_nope.float(), q_pe.float(), w.w_uk_t)  # fp32 out, bf16 weights
     assert_close(out, ref, name=f"q_absorb T={t} H={h}", **TOL)
+    if fp8:
+        ref32 = reference.q_absorb(q_nope.float(), q_pe.float(), w_uk_t, scale)
+        assert_close(out, ref32, name=f"q_absorb T={t} H={h} vs fp32 weights", **FP32_W_TOL)
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
@@ -57,7 +63,9 @@ def test_v_up(t, h, fp8):
     w_uv, scale = w.uv(fp8)
     out = mla_ext.v_up(x, w_uv, scale)
     assert out.shape == (t, h, V) and out.is_contiguous()
-    assert_close(out, reference.v_up(x.float(), w_uv, scale), name=f"v_up T={t} H={h}", **TOL)
+    assert_close(out, reference.v_up(x.float(), w.w_uv), name=f"v_up T={t} H={h}", **TOL)
+    if fp8:
+        assert_close(out, reference.v_up(x.float(), w_uv, scale), name=f"v_up T={t} H={h} vs fp32 weights", **FP32_W_TOL)
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
@@ -71,18 +79,18 @@ def test_small_out_buffer_and_4d(fp8):
     mla_ext.q_absorb(q[..., :P], q[..., P:], *w.uk(fp8), out=out)
     assert torch.isfinite(out).all()
     assert torch.isnan(buf[0]).all() and torch.isnan(buf[-1]).all() and torch.isnan(buf[..., L + R:]).all()
-    assert_close(out, reference.q_absorb(q[..., :P].float(), q[..., P:].float(), *w.uk(fp8)), name="out=", **TOL)
+    assert_close(out, reference.q_absorb(q[..., :P].float(), q[..., P:].float(), w.w_uk_t), name="out=", **TOL)
     # a view whose rows are not 16-byte aligned: the wrapper copies, torch.ops raises clearly
     q_odd = torch.randn(t, h, P + R + 1, device="cuda", dtype=torch.bfloat16)[..., 1:]
     got = mla_ext.q_absorb(q_odd[..., :P], q_odd[..., P:], *w.uk(fp8))
-    assert_close(got, reference.q_absorb(q_odd[..., :P].float(), q_odd[..., P:].float(), *w.uk(fp8)), name="odd", **TOL)
+    assert_close(got, reference.q_absorb(q_odd[..., :P].float(), q_odd[..., P:].float(), w.w_uk_t), name="odd", **TOL)
     with pytest.raises(RuntimeError, match="16-byte boundary"):
         torch.ops.mla_ext.q_absorb(q_odd[..., :P], q_odd[..., P:], *w.uk(fp8))
     # v_up with [b, s_q, H, 512] and out=
     x = torch.randn(5, 3, h, L, device="cuda", dtype=torch.bfloat16)
     o = torch.full((5, 3, h, V), float("nan"), device="cuda", dtype=torch.bfloat16)
     mla_ext.v_up(x, *w.uv(fp8), out=o)
-    assert_close(o, reference.v_up(x.float(), *w.uv(fp8)), name="v_up 4-D", **TOL)
+    assert_close(o, reference.v_up(x.float(), w.w_uv), name="v_up 4-D", **TOL)
 
 
 def test_opcheck_cuda():

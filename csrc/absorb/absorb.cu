@@ -5,13 +5,11 @@
 #include "common/cuda_check.h"
 #include "common/dispatch.h"
 
-#include <cstdlib>
-
 namespace mla {
 namespace {
 
-// Up to 512 tokens the smallest BM that covers T (16, 32, 64; BN = 64 so that many CTAs stream
-// the weights); beyond, the large-T GEMM tiles (128 x 128, 8 warps).
+// Up to 512 tokens the smallest BM that covers T (16, 32, 64), where streaming the weights
+// dominates; beyond, the large-T GEMM tiles (BM = 128). absorb_gemm.h lists the tiers.
 int tier_for(int64_t num_tokens) {
   if (num_tokens <= 16) return 0;
   if (num_tokens <= 32) return 1;
@@ -19,25 +17,27 @@ int tier_for(int64_t num_tokens) {
   return 3;
 }
 
-// Large-T v_up: tier 3 (1 CTA of 8 warps per SM, whole weight slice resident) unless
-// MLA_EXT_ABSORB_VUP_TIER4 is set (two CTAs per SM, half the weight slice each).
-bool v_up_tier4_from_env() {
-  const char* v = std::getenv("MLA_EXT_ABSORB_VUP_TIER4");
-  return v != nullptr && v[0] != '\0' && v[0] != '0';
+// Narrow tiers exist for v_up only.
+template <AbsorbOp kOp, bool kFp8, int kTier>
+void launch_narrow(const AbsorbParams& p) {
+  if constexpr (kOp == AbsorbOp::kVUp) {
+    absorb::launch_absorb_gemm<absorb::TierConfig<kOp, kFp8, kTier>>(p);
+  } else {
+    MLA_HOST_CHECK(false, "narrow tiles are for v_up only");
+  }
 }
 
 template <AbsorbOp kOp, bool kFp8>
 void run_tiers(const AbsorbParams& p) {
   using namespace absorb;
+  // v_up has N = 128 only: below ~one head per SM, narrow tiles (BN = 16) spread each head's
+  // weights over 8 CTAs instead of one.
+  const bool narrow = kOp == AbsorbOp::kVUp && p.num_heads < 96;
   switch (tier_for(p.num_tokens)) {
-    case 0: return launch_absorb_gemm<TierConfig<kOp, kFp8, 0>>(p);
-    case 1: return launch_absorb_gemm<TierConfig<kOp, kFp8, 1>>(p);
-    case 2: return launch_absorb_gemm<TierConfig<kOp, kFp8, 2>>(p);
-    default:
-      if constexpr (kOp == AbsorbOp::kVUp) {
-        if (v_up_tier4_from_env()) return launch_absorb_gemm<TierConfig<kOp, kFp8, 4>>(p);
-      }
-      return launch_absorb_gemm<TierConfig<kOp, kFp8, 3>>(p);
+    case 0: return narrow ? launch_narrow<kOp, kFp8, 4>(p) : launch_absorb_gemm<TierConfig<kOp, kFp8, 0>>(p);
+    case 1: return narrow ? launch_narrow<kOp, kFp8, 5>(p) : launch_absorb_gemm<TierConfig<kOp, kFp8, 1>>(p);
+    case 2: return narrow ? launch_narrow<kOp, kFp8, 6>(p) : launch_absorb_gemm<TierConfig<kOp, kFp8, 2>>(p);
+    default: return launch_absorb_gemm<TierConfig<kOp, kFp8, 3>>(p);
   }
 }
 

@@ -30,9 +30,9 @@ struct Config {
   static constexpr int kBRowChunks = (kWeightRowsAreK ? BN : K) / 8;
   static constexpr int kBBytes = kBRows * kBRowChunks * 16;
   static constexpr int kABytes = BM * BK * 2;  // one stage
-  // Output tile staged in shared memory for 16-byte stores, unless that would cost occupancy
-  // (the 2-CTA-per-SM large v_up tile).
-  static constexpr bool kStageC = !(kOp == AbsorbOp::kVUp && BN == 64);
+  // Output tile staged in shared memory for 16-byte stores (rows of >= 128 bytes, which the
+  // swizzle needs); narrow tiles store their fragments directly.
+  static constexpr bool kStageC = BN >= 64;
   static constexpr int kCOffset = kBBytes + kStages * kABytes;
   static constexpr int kSmemBytes = kCOffset + (kStageC ? BM * BN * 2 : 0);
   static constexpr int kNumNBlocks = N / BN;
@@ -47,16 +47,19 @@ struct Config {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of sm90/sm100");
 };
 
-// Tiers by T (absorb.cu picks one): BM = 16, 32, 64 at small T, where reading the weights (or
-// the small output) dominates, and a 128-row GEMM tile at large T.
-//   q_absorb (K = 128): BN = 64, 4 warps side by side on N (8 CTAs per head stream the weights);
-//                       large T 128 x 128, 2 x 4 warps. 3 stages cover a whole 128-row tile.
-//   v_up (K = 512):     BN = 128 (all of N, so x is read once), 8 warps side by side on N, and
-//                       kChunksPerTile + 1 stages at BM <= 32 so that all of the first tile's K
-//                       is in flight at once; large T 128 x 128, 2 x 4 warps, 4 stages (tier 3),
-//                       or 128 x 64, 4 x 2 warps, 3 stages, two CTAs per SM (tier 4).
-inline constexpr int kNumTiers = 5;
-inline constexpr int kTierBM[kNumTiers] = {16, 32, 64, 128, 128};
+// Tiers (absorb.cu picks one by T, and for v_up by H): BM = 16, 32, 64 at small T, where reading
+// the weights (or the small output) dominates, and a 128-row GEMM tile at large T.
+//   q_absorb (K = 128): tiers 0-2: BN = 64, 4 warps side by side on N (8 CTAs per head stream
+//                       the weights); tier 3: 128 x 128, 2 x 4 warps. 3 stages cover a tile.
+//   v_up (K = 512):     tiers 0-2 (H >= 96): BN = 128 (all of N, so x is read once), 8 or 16
+//                       warps; tiers 4-6 (fewer heads): BN = 16, one warp, so that 8 CTAs per
+//                       head spread the weights over the GPU. kChunksPerTile + 1 stages at
+//                       BM <= 32 keep all of the first tile's K in flight. Tier 3: 128 x 128,
+//                       4 x 4 warps, 4 stages, one CTA per SM (the slice is 128 KiB).
+// Measured and dropped (H200, T = 4096..16384): large v_up as 128 x 64 tiles with two CTAs per
+// SM was 20-25% slower than tier 3.
+inline constexpr int kNumTiers = 7;
+inline constexpr int kTierBM[kNumTiers] = {16, 32, 64, 128, 16, 32, 64};
 
 template <AbsorbOp kOp, bool kFp8, int kTier>
 struct TierConfigOf;
@@ -67,8 +70,12 @@ struct TierConfigOf<AbsorbOp::kQAbsorb, kFp8, kTier> {
 };
 template <bool kFp8, int kTier>
 struct TierConfigOf<AbsorbOp::kVUp, kFp8, kTier> {
-  using type = Config<AbsorbOp::kVUp, kFp8, kTierBM[kTier], kTier == 4 ? 64 : 128, kTier < 3 ? 1 : (kTier == 3 ? 2 : 4),
-                      kTier < 3 ? 8 : (kTier == 3 ? 4 : 2), kTier < 2 ? 9 : (kTier == 4 ? 3 : kTier == 2 ? 5 : 4)>;
+  static constexpr bool kNarrow = kTier >= 4;
+  static constexpr int kBM = kTierBM[kTier];
+  using type = Config<AbsorbOp::kVUp, kFp8, kBM, kNarrow ? 16 : 128,
+                      kNarrow ? 1 : (kTier == 3 ? 4 : (kBM == 64 ? 2 : 1)),  // warps on M
+                      kNarrow ? 1 : (kTier == 3 ? 4 : 8),                    // warps on N
+                      kBM <= 32 ? 9 : (kTier == 3 ? 4 : 5)>;                 // stages
 };
 template <AbsorbOp kOp, bool kFp8, int kTier>
 using TierConfig = typename TierConfigOf<kOp, kFp8, kTier>::type;
