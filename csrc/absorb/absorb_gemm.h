@@ -56,8 +56,9 @@ struct Config {
 //                       head spread the weights over the GPU. kChunksPerTile + 1 stages at
 //                       BM <= 32 keep all of the first tile's K in flight. Tier 3: 128 x 128,
 //                       4 x 4 warps, 4 stages, one CTA per SM (the slice is 128 KiB).
-// Measured and dropped (H200, T = 4096..16384): large v_up as 128 x 64 tiles with two CTAs per
-// SM was 20-25% slower than tier 3.
+// Measured on the H200 (csrc/absorb/README.md has the numbers): large v_up as 128 x 64 tiles with
+// two CTAs per SM was 20-25% slower than tier 3; these 16-warp v_up tiles were 5-7% slower than
+// the 8-warp ones they replaced, and the narrow tiles slower at H = 16 than 64-wide, 4-warp ones.
 inline constexpr int kNumTiers = 7;
 inline constexpr int kTierBM[kNumTiers] = {16, 32, 64, 128, 16, 32, 64};
 
