@@ -8,6 +8,7 @@ kernels) and registers, for every op, the reference as its CPU implementation an
 from . import _library  # noqa: F401  (loads torch.ops.mla_ext before the registrations below)
 from . import reference
 from ._validate import MlaInputError
+from .absorb import AbsorbWeights, prepare_absorb_weights, q_absorb, v_up
 from .cache import concat_and_cache_mla
 from .formats import (
     DS_MLA_ROW_BYTES,
@@ -20,6 +21,10 @@ from .formats import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AbsorbWeights",
+    "prepare_absorb_weights",
+    "q_absorb",
+    "v_up",
     "DS_MLA_ROW_BYTES",
     "KV_LORA_RANK",
     "LATENT_DIM",

@@ -14,11 +14,12 @@ import traceback
 import torch
 
 import mla_ext
-from mla_ext.bench import cache_write
+from mla_ext.bench import absorb, cache_write
 
 # (op name, module with self_check(device) and bench(timer, roofline, quick)); each op joins here.
 OPS = [
     (cache_write.NAME, cache_write),
+    (absorb.NAME, absorb),
 ]
 
 

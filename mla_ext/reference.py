@@ -122,3 +122,120 @@ def dequantize_cache(kv_cache: torch.Tensor, kv_cache_dtype: str, scale: torch.T
     out = torch.cat([kv_c, k_pe], dim=-1)
     assert out.shape[-1] == LATENT_DIM
     return out
+
+
+# ============================================================================================
+# Absorbed projections
+# ============================================================================================
+# kv_b_proj.weight is [H * (P + V), L]: for head h, rows h*(P+V) .. h*(P+V)+P-1 are W_UK[h]
+# ([P, L]) and the next V rows are W_UV[h]^T ([V, L]). DESIGN.md §1: transpose to [L, H, P+V]
+# and split on the last dim. The absorbed ops then compute, per head h,
+#   q_absorb: q_lat[t, h, :L] = q_nope[t, h] @ W_UK_T[h]    ([P] x [P, L]),  q_lat[t, h, L:] = q_pe
+#   v_up:     out[t, h]       = o_lat[t, h] @ W_UV[h]       ([L] x [L, V])
+# fp8 checkpoints ship kv_b_proj.weight as e4m3 with weight_scale_inv [ceil(N/128), ceil(L/128)]:
+# element (i, j) is worth w[i, j] * scale_inv[i // 128, j // 128].
+
+QK_NOPE_HEAD_DIM = 128  # P (DeepSeek V2/V3)
+V_HEAD_DIM = 128  # V
+FP8_WEIGHT_BLOCK = 128  # side of the square blocks of weight_scale_inv
+
+
+def dequantize_block_fp8(weight: torch.Tensor, weight_scale_inv: torch.Tensor, block: int = FP8_WEIGHT_BLOCK) -> torch.Tensor:
+    """fp8 e4m3 ``[N, K]`` with ``weight_scale_inv [ceil(N/block), ceil(K/block)]`` -> fp32."""
+    n, k = weight.shape
+    s = weight_scale_inv.float().repeat_interleave(block, 0)[:n].repeat_interleave(block, 1)[:, :k]
+    return weight.float() * s
+
+
+def split_kv_b_proj(
+    kv_b_weight: torch.Tensor, num_heads: int, qk_nope_head_dim: int = QK_NOPE_HEAD_DIM, v_head_dim: int = V_HEAD_DIM
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 ``(W_UK_T [H, P, L], W_UV [H, L, V])`` from a (dequantised) ``kv_b_proj.weight``."""
+    L = kv_b_weight.shape[1]
+    w = kv_b_weight.float().t().reshape(L, num_heads, qk_nope_head_dim + v_head_dim)  # [L, H, P+V]
+    w_uk, w_uv = w.split([qk_nope_head_dim, v_head_dim], dim=-1)  # [L, H, P], [L, H, V]
+    return w_uk.permute(1, 2, 0), w_uv.transpose(0, 1)
+
+
+def dequantize_w_uk_t(w_uk_t: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``W_UK_T [H, P, L]`` (bf16, or e4m3 with ``scale [H, L/128]``, one per 128 columns) -> fp32."""
+    if scale is None:
+        return w_uk_t.float()
+    return w_uk_t.float() * scale.float().repeat_interleave(FP8_WEIGHT_BLOCK, dim=1)[:, None, :]
+
+
+def dequantize_w_uv(w_uv: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``W_UV [H, L, V]`` (bf16, or e4m3 with ``scale [H, L/128]``, one per 128 rows) -> fp32."""
+    if scale is None:
+        return w_uv.float()
+    return w_uv.float() * scale.float().repeat_interleave(FP8_WEIGHT_BLOCK, dim=1)[:, :, None]
+
+
+def q_absorb(
+    q_nope: torch.Tensor, q_pe: torch.Tensor, w_uk_t: torch.Tensor, w_uk_t_scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Latent query ``[T, H, L + R]`` in q_nope's dtype: ``q_nope [T, H, P] x W_UK_T [H, P, L]``
+    per head (fp32 math), then ``q_pe [T, H, R]`` in the last R columns."""
+    w = dequantize_w_uk_t(w_uk_t, w_uk_t_scale)
+    q_lat = torch.einsum("thp,hpl->thl", q_nope.float(), w)
+    return torch.cat([q_lat, q_pe.float()], dim=-1).to(q_nope.dtype)
+
+
+def v_up(x: torch.Tensor, w_uv: torch.Tensor, w_uv_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [..., H, L] x W_UV [H, L, V]`` per head (fp32 math) -> ``[..., H, V]`` contiguous in
+    x's dtype, so ``view(T, H * V)`` is o_proj's input."""
+    w = dequantize_w_uv(w_uv, w_uv_scale)
+    return torch.einsum("...hl,hlv->...hv", x.float(), w).to(x.dtype).contiguous()
+
+
+def _causal_softmax(scores: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Softmax over keys of ``scores [H, T, S]``; with causal, query t (the last T of S positions)
+    sees keys ``0 .. S - T + t``."""
+    if causal:
+        t, s = scores.shape[-2], scores.shape[-1]
+        keep = torch.arange(s, device=scores.device)[None, :] <= (s - t + torch.arange(t, device=scores.device))[:, None]
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+def mla_attention_unabsorbed(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_b_weight: torch.Tensor,
+    softmax_scale: float,
+    causal: bool = True,
+) -> torch.Tensor:
+    """Ordinary multi-head attention of one sequence, K/V expanded with ``kv_b_proj`` (what
+    prefill may run): ``q_nope [T, H, P]``, ``q_pe [T, H, R]``, ``kv_c [S, L]``, ``k_pe [S, R]``,
+    ``kv_b_weight [H * (P + V), L]`` (dequantised). Returns o_proj's input ``[T, H, V]`` in fp32."""
+    num_heads, p = q_nope.shape[1], q_nope.shape[2]
+    v_dim = kv_b_weight.shape[0] // num_heads - p
+    s = kv_c.shape[0]
+    kv = (kv_c.float() @ kv_b_weight.float().t()).view(s, num_heads, p + v_dim)
+    k_nope, v = kv.split([p, v_dim], dim=-1)
+    k = torch.cat([k_nope, k_pe.float()[:, None, :].expand(s, num_heads, -1)], dim=-1)  # [S, H, P+R]
+    q = torch.cat([q_nope.float(), q_pe.float()], dim=-1)  # [T, H, P+R]
+    probs = _causal_softmax(torch.einsum("thd,shd->hts", q, k) * softmax_scale, causal)
+    return torch.einsum("hts,shv->thv", probs, v)
+
+
+def mla_attention_absorbed(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    w_uk_t: torch.Tensor,
+    w_uv: torch.Tensor,
+    softmax_scale: float,
+    causal: bool = True,
+) -> torch.Tensor:
+    """The same attention in absorbed form (what decode runs): ``q_absorb``, MQA over the latent
+    rows ``[kv_c | k_pe]`` (values = kv_c) with the un-absorbed head's ``softmax_scale``, then
+    ``v_up``. Weights fp32 ``W_UK_T [H, P, L]``, ``W_UV [H, L, V]``. Returns ``[T, H, V]`` fp32."""
+    q_lat = q_absorb(q_nope.float(), q_pe.float(), w_uk_t.float())  # [T, H, L + R]
+    rows = torch.cat([kv_c.float(), k_pe.float()], dim=-1)  # [S, L + R]: one KV head for all
+    probs = _causal_softmax(torch.einsum("thc,sc->hts", q_lat, rows) * softmax_scale, causal)
+    o_lat = torch.einsum("hts,sl->thl", probs, kv_c.float())  # [T, H, L]
+    return v_up(o_lat, w_uv.float())

@@ -1,0 +1,131 @@
+"""Absorbed-projection kernels against the fp32 reference on the GPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import assert_close
+
+import mla_ext
+from mla_ext import reference
+
+pytestmark = pytest.mark.gpu
+
+P, V, L, R = 128, 128, 512, 64
+TOKENS = (1, 7, 64, 257, 4096)
+HEADS = (1, 16, 128)
+# Against the reference on the same bf16 weights: one bf16 rounding of the output (2^-9
+# relative) plus fp32 summation order. fp8 weights are dequantised in the kernel to bf16(w * s),
+# exactly the bf16 weights prepare_absorb_weights returns, so the same tolerance applies; against
+# the fp32 dequantised weights the weights' own bf16 rounding adds up to ~0.02 (measured
+# on the CPU with these distributions), hence FP32_W_TOL.
+TOL = dict(cos_tol=1e-5, atol=2e-3, rtol=8e-3)
+FP32_W_TOL = dict(cos_tol=2e-5, atol=6e-2, rtol=2e-2)
+
+
+def _weights(h: int, fp8: bool) -> mla_ext.AbsorbWeights:
+    if fp8:
+        w8 = (torch.randn(h * (P + V), L, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+        # scales of very different sizes per block, so a wrong block index shows up
+        scales = torch.rand(h * (P + V) // 128, L // 128, device="cuda") * 2e-3 + 1e-4
+        return mla_ext.prepare_absorb_weights(w8, h, scales)
+    return mla_ext.prepare_absorb_weights((torch.randn(h * (P + V), L, device="cuda") / math.sqrt(L)).bfloat16(), h)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("h", HEADS)
+@pytest.mark.parametrize("t", TOKENS)
+def test_q_absorb(t, h, fp8):
+    w = _weights(h, fp8)
+    # q_nope and q_pe as views of one [T, H, 192] tensor, as q_b_proj + RoPE leave them
+    q = torch.randn(t, h, P + R, device="cuda", dtype=torch.bfloat16)
+    q_nope, q_pe = q[..., :P], q[..., P:]
+    w_uk_t, scale = w.uk(fp8)
+    out = mla_ext.q_absorb(q_nope, q_pe, w_uk_t, scale)
+    assert out.shape == (t, h, L + R) and out.is_contiguous()
+    assert torch.equal(out[..., L:], q_pe), "q_pe must be copied bit-exactly"
+    ref = reference.q_absorb(q_nope.float(), q_pe.float(), w.w_uk_t)  # fp32 out, bf16 weights
+    assert_close(out, ref, name=f"q_absorb T={t} H={h}", **TOL)
+    if fp8:
+        ref32 = reference.q_absorb(q_nope.float(), q_pe.float(), w_uk_t, scale)
+        assert_close(out, ref32, name=f"q_absorb T={t} H={h} vs fp32 weights", **FP32_W_TOL)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("h", HEADS)
+@pytest.mark.parametrize("t", TOKENS)
+def test_v_up(t, h, fp8):
+    w = _weights(h, fp8)
+    # the latent output as a strided view (rows of 640), values of attention-output size
+    x = torch.randn(t, h, 640, device="cuda", dtype=torch.bfloat16)[..., :L]
+    w_uv, scale = w.uv(fp8)
+    out = mla_ext.v_up(x, w_uv, scale)
+    assert out.shape == (t, h, V) and out.is_contiguous()
+    assert_close(out, reference.v_up(x.float(), w.w_uv), name=f"v_up T={t} H={h}", **TOL)
+    if fp8:
+        assert_close(out, reference.v_up(x.float(), w_uv, scale), name=f"v_up T={t} H={h} vs fp32 weights", **FP32_W_TOL)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_small_out_buffer_and_4d(fp8):
+    """out= into a padded buffer (NaN around it stays), 4-D x, odd strides copied by the wrapper."""
+    t, h = 37, 16
+    w = _weights(h, fp8)
+    q = torch.randn(t, h, P + R, device="cuda", dtype=torch.bfloat16)
+    buf = torch.full((t + 2, h, 640), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = buf[1:t + 1, :, :L + R]
+    mla_ext.q_absorb(q[..., :P], q[..., P:], *w.uk(fp8), out=out)
+    assert torch.isfinite(out).all()
+    assert torch.isnan(buf[0]).all() and torch.isnan(buf[-1]).all() and torch.isnan(buf[..., L + R:]).all()
+    assert_close(out, reference.q_absorb(q[..., :P].float(), q[..., P:].float(), w.w_uk_t), name="out=", **TOL)
+    # a view whose rows are not 16-byte aligned: the wrapper copies, torch.ops raises clearly
+    q_odd = torch.randn(t, h, P + R + 1, device="cuda", dtype=torch.bfloat16)[..., 1:]
+    got = mla_ext.q_absorb(q_odd[..., :P], q_odd[..., P:], *w.uk(fp8))
+    assert_close(got, reference.q_absorb(q_odd[..., :P].float(), q_odd[..., P:].float(), w.w_uk_t), name="odd", **TOL)
+    with pytest.raises(RuntimeError, match="16-byte boundary"):
+        torch.ops.mla_ext.q_absorb(q_odd[..., :P], q_odd[..., P:], *w.uk(fp8))
+    # v_up with [b, s_q, H, 512] and out=
+    x = torch.randn(5, 3, h, L, device="cuda", dtype=torch.bfloat16)
+    o = torch.full((5, 3, h, V), float("nan"), device="cuda", dtype=torch.bfloat16)
+    mla_ext.v_up(x, *w.uv(fp8), out=o)
+    assert_close(o, reference.v_up(x.float(), w.w_uv), name="v_up 4-D", **TOL)
+
+
+def test_opcheck_cuda():
+    t, h = 9, 16
+    for fp8 in (False, True):
+        w = _weights(h, fp8)
+        q = torch.randn(t, h, P + R, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(t, h, L, device="cuda", dtype=torch.bfloat16)
+        # test_schema compares with ops torch lacks for float8; the rest runs for fp8 too
+        utils = ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic")
+        utils = utils if fp8 else ("test_schema",) + utils
+        torch.library.opcheck(torch.ops.mla_ext.q_absorb, (q[..., :P], q[..., P:], *w.uk(fp8)), test_utils=utils)
+        out = torch.empty(t, h, L + R, device="cuda", dtype=torch.bfloat16)
+        torch.library.opcheck(torch.ops.mla_ext.q_absorb_out, (q[..., :P], q[..., P:], *w.uk(fp8), out), test_utils=utils)
+        torch.library.opcheck(torch.ops.mla_ext.v_up, (x, *w.uv(fp8)), test_utils=utils)
+        torch.library.opcheck(torch.ops.mla_ext.v_up_out, (x, *w.uv(fp8), torch.empty(t, h, V, device="cuda", dtype=torch.bfloat16)),
+                              test_utils=utils)
+
+
+def test_cuda_graph_replay():
+    t, h = 4, 128
+    w = _weights(h, False)
+    q = torch.randn(t, h, P + R, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(t, h, L, device="cuda", dtype=torch.bfloat16)
+    q_lat = torch.empty(t, h, L + R, device="cuda", dtype=torch.bfloat16)
+    o = torch.empty(t, h, V, device="cuda", dtype=torch.bfloat16)
+    mla_ext.q_absorb(q[..., :P], q[..., P:], *w.uk(), out=q_lat)  # warm-up (kernel attributes)
+    mla_ext.v_up(x, *w.uv(), out=o)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mla_ext.q_absorb(q[..., :P], q[..., P:], *w.uk(), out=q_lat)
+        mla_ext.v_up(x, *w.uv(), out=o)
+    q.copy_(torch.randn_like(q))
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(q_lat, reference.q_absorb(q[..., :P].float(), q[..., P:].float(), w.w_uk_t), name="graph q", **TOL)
+    assert_close(o, reference.v_up(x.float(), w.w_uv), name="graph v", **TOL)
