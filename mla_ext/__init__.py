@@ -9,6 +9,7 @@ from . import _library  # noqa: F401  (loads torch.ops.mla_ext before the regist
 from . import reference
 from ._validate import MlaInputError
 from .cache import concat_and_cache_mla
+from .sparse import sparse_compressed_indices, sparse_decode_mla, sparse_indices_to_slots
 from .formats import (
     DS_MLA_ROW_BYTES,
     KV_LORA_RANK,
@@ -28,4 +29,7 @@ __all__ = [
     "concat_and_cache_mla",
     "empty_kv_cache",
     "reference",
+    "sparse_compressed_indices",
+    "sparse_decode_mla",
+    "sparse_indices_to_slots",
 ]
