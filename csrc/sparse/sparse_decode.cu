@@ -70,6 +70,7 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
   MLA_HOST_CHECK(p.num_splits == 1 || (p.partial_out != nullptr && p.partial_lse != nullptr),
                  "a split plan needs partial_out and partial_lse");
   if (p.batch == 0 || p.s_q == 0 || p.h_q == 0) return;
+  MLA_HOST_CHECK(int64_t(p.batch) * p.s_q <= 65535, "sparse decode supports b * s_q <= 65535 query tokens per call");
   const DeviceInfo& info = device_info(device);
   const bool hopper = info.sm_version == 90 && !force_portable_from_env();
   // Hopper path (wgmma for QK^T and PV, warp-specialised row gathering): not written yet, so
