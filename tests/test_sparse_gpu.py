@@ -23,7 +23,7 @@ def _check(q, cache, idx, fmt, topk_length=None, sink=None):
     assert lse.shape == ref_lse.shape and lse.is_contiguous()
     # bf16 rounding of the dequantised rows and of P: ~2^-9 relative per element.
     assert_close(out, ref_out, cos_tol=2e-5, atol=1e-2, rtol=2e-2, name="out")
-    assert_close(lse, ref_lse, cos_tol=1e-6, atol=5e-3, rtol=1e-3, name="lse")
+    assert_close(lse, ref_lse, cos_tol=2e-5, atol=5e-3, rtol=2e-3, name="lse")
     return out, lse
 
 
@@ -162,7 +162,7 @@ def test_cuda_graph_capture_replay(fmt):
         assert torch.equal(slots, want_slots)
         ref_out, ref_lse = reference.sparse_decode_mla(q, cache, want_slots, SOFTMAX_SCALE, fmt)
         assert_close(out, ref_out, cos_tol=2e-5, atol=1e-2, rtol=2e-2)
-        assert_close(lse, ref_lse, cos_tol=1e-6, atol=5e-3, rtol=1e-3)
+        assert_close(lse, ref_lse, cos_tol=2e-5, atol=5e-3, rtol=2e-3)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
