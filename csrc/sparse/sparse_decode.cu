@@ -19,7 +19,9 @@ extern template void launch_sparse_decode_portable<32, CacheFormat::kAuto, 2>(co
 extern template void launch_sparse_decode_portable<32, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 3>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<32, CacheFormat::kFp8DsMla, 2>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<32, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
 
@@ -30,13 +32,19 @@ namespace {
 // to 64 heads.
 int head_tile(int h_q) { return h_q <= 16 ? 16 : (h_q <= 32 ? 32 : 64); }
 
+// Deepest pipeline instantiated per (head tile, format): bf16 2 K buffers; fp8_ds_mla staging
+// buffers as many as fit next to Q and the K tile in 227 KB (3 for 16 heads, 2 for 32, 1 for 64).
+template <int kM, CacheFormat kFormat>
+constexpr int kDeepStages = kFormat == CacheFormat::kAuto ? 2 : (kM == 16 ? 3 : (kM == 32 ? 2 : 1));
+
 template <int kM, CacheFormat kFormat>
 void launch_portable(const SparseDecodeParams& p, int max_smem) {
-  if constexpr (kFormat == CacheFormat::kAuto) {
-    // Two K buffers (load the next tile while computing this one) where shared memory allows
-    // (sm90, sm100: 227 KB); one on GPUs with less (sm80: 163 KB).
-    if (PortableConfig<kM, kFormat, 2>::kSmemBytes <= max_smem) {
-      launch_sparse_decode_portable<kM, kFormat, 2>(p);
+  // The deep pipeline where shared memory allows (sm90, sm100: 227 KB), one stage on GPUs
+  // with less (sm80: 163 KB).
+  constexpr int kDeep = kDeepStages<kM, kFormat>;
+  if constexpr (kDeep > 1) {
+    if (PortableConfig<kM, kFormat, kDeep>::kSmemBytes <= max_smem) {
+      launch_sparse_decode_portable<kM, kFormat, kDeep>(p);
       return;
     }
   }

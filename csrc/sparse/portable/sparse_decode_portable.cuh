@@ -44,19 +44,27 @@ struct PortableConfig {
   // bank groups. 72 = 9 * 8, so the XOR stays inside the row.
   static constexpr int kChunks = kLatentDim / 8;
   static constexpr int kRawChunks = kDsMlaRowBytes / 16;  // 41 (fp8_ds_mla rows are 16-byte multiples)
-  static constexpr int kStages = kDsMla ? 1 : kStages_;   // bf16 K tile buffers
-  static_assert(kStages == 1 || kStages == 2);
+  // Tiles in flight: bf16 K buffers (the rows land in the K tile itself), or fp8_ds_mla staging
+  // buffers (dequantised into one bf16 K tile). More stages keep more gathered bytes in flight,
+  // which is what the memory-bound small head tiles need.
+  static constexpr int kStages = kStages_;
+  static_assert(kStages >= 1 && kStages <= 3 && (kDsMla || kStages <= 2));
+  static constexpr int kKBuffers = kDsMla ? 1 : kStages;
+  // Key-validity slots: bf16 alternates two tiles; fp8_ds_mla has one per staging buffer plus
+  // the copy that belongs to the K tile being computed.
+  static constexpr int kValidSlots = kDsMla ? kStages + 1 : 2;
 
   // Shared-memory plan (bytes).
   static constexpr int kQBytes = kM * kChunks * 16;
   static constexpr int kKTileBytes = kN * kChunks * 16;
-  static constexpr int kRawBytes = kDsMla ? kN * kDsMlaRowBytes : 0;  // fp8_ds_mla staging, one tile
+  static constexpr int kRawTileBytes = kN * kDsMlaRowBytes;
+  static constexpr int kRawBytes = kDsMla ? kStages * kRawTileBytes : 0;  // fp8_ds_mla staging
   static constexpr int kPBytes = kM * kN * 2;                        // bf16 probabilities
   static constexpr int kRedBytes = kColGroups * kM * 4;              // per-warp row max / row sum
-  static constexpr int kValidBytes = 2 * kN * 4;                     // per-key validity, 2 tiles
+  static constexpr int kValidBytes = kValidSlots * kN * 4;           // per-key validity
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + kQBytes;
-  static constexpr int kOffRaw = kOffK + kStages * kKTileBytes;
+  static constexpr int kOffRaw = kOffK + kKBuffers * kKTileBytes;
   static constexpr int kOffP = kOffRaw + kRawBytes;
   static constexpr int kOffRed = kOffP + kPBytes;
   static constexpr int kOffValid = kOffRed + kRedBytes;
@@ -86,7 +94,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   uint8_t* s_raw = smem + Cfg::kOffRaw;
   uint8_t* s_p = smem + Cfg::kOffP;
   float* s_red = reinterpret_cast<float*>(smem + Cfg::kOffRed);     // [kColGroups][kM]
-  int* s_valid = reinterpret_cast<int*>(smem + Cfg::kOffValid);     // [2][kN]
+  int* s_valid = reinterpret_cast<int*>(smem + Cfg::kOffValid);     // [kValidSlots][kN]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int row_group = warp / Cfg::kColGroups, col_group = warp % Cfg::kColGroups;
@@ -118,7 +126,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // One tile of gathered rows: 4 threads per row, each issues its row's chunks part, part + 4, ...
   // so one thread computes one row address and keeps ~10-18 16-byte copies in flight.
   // Invalid keys (negative, past the cache, past topk_length) are zero-filled and never read.
-  auto load_tile = [&](int tile, uint8_t* dst, int parity) {
+  auto load_tile = [&](int tile, uint8_t* dst, int valid_slot) {
     const int r = tid / 4, part = tid % 4;
     const int key = tile * kN + r;
     bool ok = false;
@@ -127,7 +135,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       slot = idx_row[key];
       ok = slot >= 0 && slot < p.num_slots;
     }
-    if (part == 0) s_valid[parity * kN + r] = ok;
+    if (part == 0) s_valid[valid_slot * kN + r] = ok;
     const uint8_t* row = ok ? cache + (slot / p.block_size) * p.stride_cache_block_bytes +
                                   (slot % p.block_size) * p.stride_cache_token_bytes
                             : cache;
@@ -149,10 +157,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   // fp8_ds_mla staging -> bf16 K tile: kv_c e4m3 * its tile's fp32 scale (any finite value), k_pe
   // copied. 40 work items per row: 32 chunks of 16 e4m3, then 8 chunks of k_pe.
-  auto dequant_tile = [&]() {
+  auto dequant_tile = [&](const uint8_t* s_stage) {
     for (int i = tid; i < kN * 40; i += Cfg::kThreads) {
       const int r = i / 40, c = i % 40;
-      const uint8_t* raw = s_raw + r * kDsMlaRowBytes;
+      const uint8_t* raw = s_stage + r * kDsMlaRowBytes;
       if (c < 32) {
         const uint4 v = *reinterpret_cast<const uint4*>(raw + 16 * c);
         const float scale = *reinterpret_cast<const float*>(raw + kDsMlaScaleOffset + 4 * (c / 8));
@@ -191,7 +199,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   // One 64-key tile: S = Q K^T on this warp's keys, online softmax with the row max shared
   // across the column groups, P to shared memory, O += P V on this warp's output columns.
-  auto compute_tile = [&](const uint8_t* s_kt, int parity) {
+  auto compute_tile = [&](const uint8_t* s_kt, int valid_slot) {
     const uint32_t q_base = sm80::smem_u32(s_q), k_base = sm80::smem_u32(s_kt), p_base = sm80::smem_u32(s_p);
     float sc[Cfg::kSTiles][4];
 #pragma unroll
@@ -217,7 +225,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
     // Mask with selects (never multiply: a masked score must not turn into NaN), scale.
-    const int* valid = s_valid + parity * kN;
+    const int* valid = s_valid + valid_slot * kN;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < Cfg::kSTiles; ++j) {
@@ -307,18 +315,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       __syncthreads();  // everyone done with buffer t % kS before it is refilled
     }
   } else {
-    // fp8_ds_mla: rows land in the staging buffer while the previous tile computes, then are
-    // dequantised into the one bf16 K buffer.
-    if (num_tiles > 0) load_tile(tile_begin, s_raw, 0);
-    sm80::cp_async_commit();
-    for (int t = 0; t < num_tiles; ++t) {
-      sm80::cp_async_wait<0>();
-      __syncthreads();  // staging holds tile t; tile t - 1's compute is done, K is free
-      dequant_tile();
-      __syncthreads();  // K holds tile t; staging is free
-      if (t + 1 < num_tiles) load_tile(tile_begin + t + 1, s_raw, (t + 1) & 1);
+    // fp8_ds_mla: kStages tiles land in staging buffers while earlier tiles compute; each is
+    // dequantised into the one bf16 K buffer just before its math.
+    constexpr int kS = Cfg::kStages;
+    constexpr int kKValid = kS;  // validity slot of the K tile
+#pragma unroll
+    for (int i = 0; i < kS; ++i) {
+      if (i < num_tiles) load_tile(tile_begin + i, s_raw + i * Cfg::kRawTileBytes, i);
       sm80::cp_async_commit();
-      compute_tile(s_k, t & 1);
+    }
+    for (int t = 0; t < num_tiles; ++t) {
+      const int stage = t % kS;
+      sm80::cp_async_wait<kS - 1>();
+      __syncthreads();  // staging `stage` holds tile t; tile t - 1's math is done, K is free
+      dequant_tile(s_raw + stage * Cfg::kRawTileBytes);
+      if (tid < kN) s_valid[kKValid * kN + tid] = s_valid[stage * kN + tid];
+      __syncthreads();  // K holds tile t; staging `stage` is free
+      if (t + kS < num_tiles) load_tile(tile_begin + t + kS, s_raw + stage * Cfg::kRawTileBytes, stage);
+      sm80::cp_async_commit();
+      compute_tile(s_k, kKValid);
     }
   }
 
