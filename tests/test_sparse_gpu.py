@@ -18,12 +18,19 @@ FORMATS = ["fp8_ds_mla", "auto"]
 
 def _check(q, cache, idx, fmt, topk_length=None, sink=None):
     out, lse = mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt, topk_length, sink)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape[:3] + (512,)
+    assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.is_contiguous()
+    # The kernel multiplies in bf16: fp8_ds_mla rows are dequantised (e4m3 * fp32 scale) into bf16,
+    # exact for the writer's power-of-two scales, rounded (2^-9) for the non-power-of-two ones
+    # used here. Against the spec evaluated on those bf16 rows only the bf16 rounding of P and of
+    # out remains: tight. Against the fp32 spec: the row rounding on top.
+    rows16 = cache if fmt == "auto" else reference.dequantize_cache(cache, fmt).to(torch.bfloat16)
+    r16_out, r16_lse = reference.sparse_decode_mla(q, rows16, idx, SOFTMAX_SCALE, "auto", topk_length, sink)
+    assert_close(out, r16_out, cos_tol=1e-5, atol=5e-3, rtol=1e-2, name="out vs bf16-row spec")
+    assert_close(lse, r16_lse, cos_tol=1e-7, atol=5e-4, rtol=1e-4, name="lse vs bf16-row spec")
     ref_out, ref_lse = reference.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt, topk_length, sink)
-    assert out.dtype == torch.bfloat16 and out.shape == ref_out.shape
-    assert lse.shape == ref_lse.shape and lse.is_contiguous()
-    # bf16 rounding of the dequantised rows and of P: ~2^-9 relative per element.
-    assert_close(out, ref_out, cos_tol=2e-5, atol=1e-2, rtol=2e-2, name="out")
-    assert_close(lse, ref_lse, cos_tol=2e-5, atol=5e-3, rtol=2e-3, name="lse")
+    assert_close(out, ref_out, cos_tol=5e-5, atol=1e-2, rtol=2e-2, name="out vs fp32 spec")
+    assert_close(lse, ref_lse, cos_tol=5e-5, atol=2e-2, rtol=5e-3, name="lse vs fp32 spec")
     return out, lse
 
 
@@ -161,8 +168,8 @@ def test_cuda_graph_capture_replay(fmt):
         want_slots = reference.sparse_indices_to_slots(local, table, bs)
         assert torch.equal(slots, want_slots)
         ref_out, ref_lse = reference.sparse_decode_mla(q, cache, want_slots, SOFTMAX_SCALE, fmt)
-        assert_close(out, ref_out, cos_tol=2e-5, atol=1e-2, rtol=2e-2)
-        assert_close(lse, ref_lse, cos_tol=2e-5, atol=5e-3, rtol=2e-3)
+        assert_close(out, ref_out, cos_tol=5e-5, atol=1e-2, rtol=2e-2)
+        assert_close(lse, ref_lse, cos_tol=5e-5, atol=2e-2, rtol=5e-3)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -126,15 +126,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // One tile of gathered rows: 4 threads per row, each issues its row's chunks part, part + 4, ...
   // so one thread computes one row address and keeps ~10-18 16-byte copies in flight.
   // Invalid keys (negative, past the cache, past topk_length) are zero-filled and never read.
+  // Tiles are loaded in order; each thread's slot for the next tile is fetched one load ahead,
+  // so the index read never stalls the issue of the row copies.
+  const int load_row = tid / 4;
+  auto fetch_slot = [&](int tile) -> int32_t {
+    const int key = tile * kN + load_row;
+    return key < num_keys ? idx_row[key] : -1;
+  };
+  int32_t next_slot = fetch_slot(tile_begin);
   auto load_tile = [&](int tile, uint8_t* dst, int valid_slot) {
-    const int r = tid / 4, part = tid % 4;
-    const int key = tile * kN + r;
-    bool ok = false;
-    int64_t slot = 0;
-    if (key < num_keys) {
-      slot = idx_row[key];
-      ok = slot >= 0 && slot < p.num_slots;
-    }
+    const int r = load_row, part = tid % 4;
+    const int64_t slot = next_slot;
+    next_slot = fetch_slot(tile + 1);
+    const bool ok = slot >= 0 && slot < p.num_slots;
     if (part == 0) s_valid[valid_slot * kN + r] = ok;
     const uint8_t* row = ok ? cache + (slot / p.block_size) * p.stride_cache_block_bytes +
                                   (slot % p.block_size) * p.stride_cache_token_bytes
