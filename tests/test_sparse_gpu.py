@@ -29,9 +29,21 @@ def _check(q, cache, idx, fmt, topk_length=None, sink=None):
     assert_close(out, r16_out, cos_tol=1e-5, atol=5e-3, rtol=1e-2, name="out vs bf16-row spec")
     assert_close(lse, r16_lse, cos_tol=1e-7, atol=5e-4, rtol=1e-4, name="lse vs bf16-row spec")
     ref_out, ref_lse = reference.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt, topk_length, sink)
-    assert_close(out, ref_out, cos_tol=5e-5, atol=1e-2, rtol=2e-2, name="out vs fp32 spec")
-    assert_close(lse, ref_lse, cos_tol=5e-5, atol=2e-2, rtol=5e-3, name="lse vs fp32 spec")
+    _within_bf16_row_error(out, r16_out, ref_out, atol=1e-2, name="out")
+    _within_bf16_row_error(lse, r16_lse, ref_lse, atol=1e-3, name="lse")
     return out, lse
+
+
+def _within_bf16_row_error(out, r16, ref, *, atol, name):
+    """Against the fp32 spec: at most twice the error that the same computation in PyTorch on
+    the bf16-rounded rows makes, plus atol (FlashAttention-3's "k times the same-precision
+    path"). Non-power-of-two fp8_ds_mla scales make that error reach ~0.03 on a few elements."""
+    out, r16, ref = out.float(), r16.float(), ref.float()
+    assert torch.equal(torch.isinf(out), torch.isinf(ref)) and not torch.isnan(out).any(), f"{name}: inf/NaN differ"
+    fin = torch.isfinite(ref)
+    err = (out[fin] - ref[fin]).abs().max().item() if fin.any() else 0.0
+    same_precision = (r16[fin] - ref[fin]).abs().max().item() if fin.any() else 0.0
+    assert err <= 2 * same_precision + atol, f"{name}: max error {err:.3g} vs fp32 spec > 2 x {same_precision:.3g} + {atol}"
 
 
 def _case(b, s_q, h_q, topk, block_size, fmt, pad_pages=False):
@@ -167,9 +179,10 @@ def test_cuda_graph_capture_replay(fmt):
         torch.cuda.synchronize()
         want_slots = reference.sparse_indices_to_slots(local, table, bs)
         assert torch.equal(slots, want_slots)
-        ref_out, ref_lse = reference.sparse_decode_mla(q, cache, want_slots, SOFTMAX_SCALE, fmt)
-        assert_close(out, ref_out, cos_tol=5e-5, atol=1e-2, rtol=2e-2)
-        assert_close(lse, ref_lse, cos_tol=5e-5, atol=2e-2, rtol=5e-3)
+        rows16 = cache if fmt == "auto" else reference.dequantize_cache(cache, fmt).to(torch.bfloat16)
+        ref_out, ref_lse = reference.sparse_decode_mla(q, rows16, want_slots, SOFTMAX_SCALE, "auto")
+        assert_close(out, ref_out, cos_tol=1e-5, atol=5e-3, rtol=1e-2)
+        assert_close(lse, ref_lse, cos_tol=1e-7, atol=5e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

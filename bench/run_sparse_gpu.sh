@@ -1,5 +1,5 @@
 #!/bin/bash
-# One device run: GPU tests, compute-sanitizer on the small case, benchmark. Prints a short table last.
+# One device run (from the repository root: bench/run_sparse_gpu.sh): GPU tests, compute-sanitizer on the small case, benchmark. Prints a short table last.
 export PYTHONPATH=.:tests PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader
 timeout 150 python3 -m pytest -q --tb=line tests/test_sparse_gpu.py 2>&1 | tail -40
