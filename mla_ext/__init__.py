@@ -10,6 +10,7 @@ from . import reference
 from ._validate import MlaInputError
 from .absorb import AbsorbWeights, prepare_absorb_weights, q_absorb, v_up
 from .cache import concat_and_cache_mla
+from .sparse import sparse_compressed_indices, sparse_decode_mla, sparse_indices_to_slots
 from .formats import (
     DS_MLA_ROW_BYTES,
     KV_LORA_RANK,
@@ -33,4 +34,7 @@ __all__ = [
     "concat_and_cache_mla",
     "empty_kv_cache",
     "reference",
+    "sparse_compressed_indices",
+    "sparse_decode_mla",
+    "sparse_indices_to_slots",
 ]

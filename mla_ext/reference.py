@@ -239,3 +239,123 @@ def mla_attention_absorbed(
     probs = _causal_softmax(torch.einsum("thc,sc->hts", q_lat, rows) * softmax_scale, causal)
     o_lat = torch.einsum("hts,sl->thl", probs, kv_c.float())  # [T, H, L]
     return v_up(o_lat, w_uv.float())
+
+
+# --------------------------------------------------------------------------------------------
+# Sparse top-k decode
+# --------------------------------------------------------------------------------------------
+
+
+def sparse_index_validity(
+    indices: torch.Tensor, num_slots: int, topk_length: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Which entries of ``indices [b, s_q, topk]`` count: ``0 <= slot < num_slots`` and position
+    ``< topk_length[b]`` (when given). Invalid entries contribute nothing and are never read."""
+    idx = indices.long()
+    valid = (idx >= 0) & (idx < num_slots)
+    if topk_length is not None:
+        pos = torch.arange(indices.shape[-1], device=indices.device)
+        valid &= pos.view(1, 1, -1) < topk_length.long().view(-1, 1, 1)
+    return valid
+
+
+def sparse_decode_mla(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    softmax_scale: float,
+    kv_cache_dtype: str,
+    topk_length: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse top-k MLA decode: query token ``(i, j)`` attends to the cache slots
+    ``indices[i, j, :]`` only (DeepSeek V3.2).
+
+    ``q [b, s_q, h_q, 576]``, ``kv_cache [num_blocks, block_size, row]`` (``auto`` or
+    ``fp8_ds_mla``), ``indices int32 [b, s_q, topk]`` global slots ``block * block_size + offset``.
+    Scores over all 576 dims times ``softmax_scale``, values = the first 512 dims of the same rows.
+    Invalid entries (negative, ``>= num_blocks * block_size``, or at positions ``>=
+    topk_length[i]``) are masked out and their rows never read; duplicates count as often as they
+    appear. A query with no valid entry gives out 0 and lse -inf. ``attn_sink [h_q]`` fp32 scales
+    out by ``e^lse / (e^lse + e^sink)`` (lse unchanged; +inf gives 0, -inf leaves out as is).
+
+    Returns ``out [b, s_q, h_q, 512]`` in q's dtype and ``lse [b, h_q, s_q]`` fp32 (natural log).
+    """
+    b, s_q, h_q, _ = q.shape
+    num_blocks, block_size = kv_cache.shape[0], kv_cache.shape[1]
+    valid = sparse_index_validity(indices, num_blocks * block_size, topk_length)  # [b, s_q, topk]
+    # Gather through a safe slot (0) for invalid entries, then zero those rows: the masked
+    # values never reach the result, even when the slot holds NaN.
+    safe = torch.where(valid, indices.long(), torch.zeros_like(indices, dtype=torch.long))
+    raw_rows = kv_cache[safe // block_size, safe % block_size]  # [b, s_q, topk, row]
+    rows = dequantize_cache(raw_rows, kv_cache_dtype)
+    rows = torch.where(valid.unsqueeze(-1), rows, torch.zeros_like(rows))
+    scores = torch.einsum("bshd,bskd->bshk", q.float(), rows) * softmax_scale
+    scores = scores.masked_fill(~valid.unsqueeze(2), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [b, s_q, h_q]; -inf where nothing is valid
+    has_any = torch.isfinite(lse).unsqueeze(-1)
+    probs = torch.where(has_any, torch.exp(scores - torch.where(has_any, lse.unsqueeze(-1), 0.0)), 0.0)
+    out = torch.einsum("bshk,bskd->bshd", probs, rows[..., :KV_LORA_RANK])
+    if attn_sink is not None:
+        out = out * sink_factor(lse, attn_sink).unsqueeze(-1)
+    return out.to(q.dtype), lse.permute(0, 2, 1).contiguous()
+
+
+def sink_factor(lse: torch.Tensor, attn_sink: torch.Tensor) -> torch.Tensor:
+    """``e^lse / (e^lse + e^sink)`` per head (last dim of ``lse`` is h_q): 0 where lse is -inf or
+    the sink is +inf, 1 where the sink is -inf."""
+    sink = attn_sink.float().expand_as(lse)
+    factor = torch.sigmoid(lse - sink)
+    factor = torch.where(sink == float("-inf"), 1.0, factor)
+    return torch.where(lse == float("-inf"), 0.0, factor)
+
+
+def sparse_indices_to_slots(local_indices: torch.Tensor, block_table: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Local top-k token positions ``[b, s_q, topk]`` (-1 padded) -> global cache slots through
+    request i's ``block_table[i]``: ``block_table[i, p // block_size] * block_size + p %
+    block_size``. Negative positions, positions past the block table and negative block-table
+    entries give -1. int32."""
+    b, _, _ = local_indices.shape
+    pos = local_indices.long()
+    page = torch.div(pos, block_size, rounding_mode="floor")
+    ok = (pos >= 0) & (page < block_table.shape[1])
+    page_safe = torch.where(ok, page, torch.zeros_like(page))
+    block = torch.gather(block_table.long().unsqueeze(1).expand(b, pos.shape[1], -1), 2, page_safe)
+    ok &= block >= 0
+    slots = block * block_size + pos % block_size
+    return torch.where(ok, slots, torch.full_like(slots, -1)).to(torch.int32)
+
+
+def sparse_compressed_indices(
+    positions: torch.Tensor,
+    token_to_req: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    compress_ratio: int,
+    num_decode_tokens: int,
+    width: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The "attend to every compressed token" lists of compressed-cache layers.
+
+    Token t (at ``positions[t]`` of request ``token_to_req[t]``) sees the ``n = (positions[t] + 1)
+    // compress_ratio`` compressed entries ``0 .. n-1`` of its request. Decode tokens (``t <
+    num_decode_tokens``) get them as global slots of the compressed cache through the block table
+    (-1 where the table has no page); prefill tokens get the local indices ``0 .. n-1``. Rows are
+    -1 padded to ``width``; entries past ``width`` are dropped. Returns ``indices int32 [T,
+    width]`` and ``lengths int32 [T] = min(n, width)``.
+    """
+    num_tokens = positions.shape[0]
+    n = torch.clamp(torch.div(positions.long() + 1, compress_ratio, rounding_mode="floor"), min=0)
+    lengths = torch.clamp(n, max=width)
+    j = torch.arange(width, device=positions.device).view(1, -1).expand(num_tokens, -1)
+    inside = j < n.view(-1, 1)
+    is_decode = (torch.arange(num_tokens, device=positions.device) < num_decode_tokens).view(-1, 1)
+    rows = block_table.long()[token_to_req.long()]  # [T, max_blocks]
+    page = torch.div(j, block_size, rounding_mode="floor")
+    on_table = page < rows.shape[1]
+    block = torch.gather(rows, 1, torch.where(on_table, page, torch.zeros_like(page)))
+    slot_ok = on_table & (block >= 0)
+    slots = torch.where(slot_ok, block * block_size + j % block_size, torch.full_like(j, -1))
+    values = torch.where(is_decode, slots, j)
+    indices = torch.where(inside, values, torch.full_like(values, -1))
+    return indices.to(torch.int32), lengths.to(torch.int32)

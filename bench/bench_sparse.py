@@ -1,0 +1,47 @@
+"""Benchmark the sparse top-k decode: ``python bench/bench_sparse.py [--quick] [--json DIR]``.
+
+Prints time, GB/s, TFLOPS and the fraction of the roofline measured in the same run (copy
+bandwidth, bf16 matmul rate); with --json writes DIR/sparse.json and DIR/sparse.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from mla_ext.bench import sparse  # noqa: E402
+from mla_ext.bench.harness import Timer, format_table, measure_roofline, write_results  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fp8_ds_mla cases only")
+    parser.add_argument("--json", metavar="DIR", help="write sparse.json / sparse.md into DIR")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA GPU: nothing to time")
+        return 1
+    print(f"self check: {sparse.self_check('cuda')}")
+    timer = Timer()
+    roofline = measure_roofline(timer)
+    print(f"roofline: copy {roofline.copy_GBps:.0f} GB/s, bf16 matmul {roofline.bf16_mm_TFLOPS:.0f} TFLOPS")
+    rows = sparse.bench(timer, roofline, quick=args.quick)
+    print(format_table(rows, sparse.NAME))
+    for r in rows:
+        if "h16_over_h64" in r.extra:
+            print(f"{r.extra['format']}: h_q 16 / h_q 64 time on the same indices = {r.extra['h16_over_h64']}")
+    if args.json:
+        notes = ("Portable path (mma.sync m16n8k16, cp.async row gather). Bars (issue 5): >= 200 TFLOPS on "
+                 "fp8_ds_mla b128 s_q2 h_q128; h_q16 / h_q64 time <= 0.5 on the same indices. FlashMLA peer not run.")
+        paths = write_results("sparse", rows, roofline, args.json, notes=notes)
+        print("wrote", *paths)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

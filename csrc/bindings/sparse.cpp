@@ -1,0 +1,217 @@
+// torch.ops.mla_ext sparse top-k decode and its index builders: schemas and CUDA
+// implementations. The CPU implementations are the reference (mla_ext/reference.py), registered
+// from Python (mla_ext/sparse.py).
+#include <tuple>
+#include <vector>
+
+#include "bindings/stable_helpers.h"
+#include "sparse/sparse_decode.h"
+
+namespace mla::bindings {
+namespace {
+
+constexpr const char* kDecodeOp = "sparse_decode_mla";
+constexpr const char* kSlotsOp = "sparse_indices_to_slots";
+constexpr const char* kCompressedOp = "sparse_compressed_indices";
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+std::tuple<Tensor, Tensor> sparse_decode_mla(Tensor q, Tensor kv_cache, Tensor indices, double softmax_scale,
+                                             std::string kv_cache_dtype, std::optional<Tensor> topk_length,
+                                             std::optional<Tensor> attn_sink) {
+  const CacheFormat format = parse_cache_format(kv_cache_dtype, kDecodeOp);
+  MLA_ARG_CHECK(format == CacheFormat::kAuto || format == CacheFormat::kFp8DsMla, kDecodeOp,
+                "kv_cache_dtype must be 'auto' (bf16) or 'fp8_ds_mla' for sparse decode, got '" << kv_cache_dtype << "'");
+  const int device = q.get_device_index();
+  check_cuda(q, "q", kDecodeOp, device);
+  check_cuda(kv_cache, "kv_cache", kDecodeOp, device);
+  check_cuda(indices, "indices", kDecodeOp, device);
+
+  // q [b, s_q, h_q, 576] bf16, 16-byte aligned rows (cp.async).
+  MLA_ARG_CHECK(q.dim() == 4 && q.size(3) == kLatentDim, kDecodeOp, "q must be [b, s_q, h_q, 576], got " << shape_str(q));
+  MLA_ARG_CHECK(q.scalar_type() == ScalarType::BFloat16, kDecodeOp,
+                "q must be bfloat16, got " << scalar_type_name(q.scalar_type()));
+  MLA_ARG_CHECK(q.stride(3) == 1 && q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0 && q.stride(2) % 8 == 0 &&
+                    aligned16(q.data_ptr()),
+                kDecodeOp, "q needs a contiguous last dim, strides that are multiples of 8 and 16-byte alignment");
+  const int64_t b = q.size(0), s_q = q.size(1), h_q = q.size(2);
+  MLA_ARG_CHECK(s_q >= 1 && s_q <= 16, kDecodeOp, "s_q must be 1..16, got " << s_q);
+  MLA_ARG_CHECK(h_q >= 1, kDecodeOp, "h_q must be >= 1, got " << h_q);
+
+  // kv_cache [num_blocks, block_size, row].
+  MLA_ARG_CHECK(kv_cache.dim() == 3, kDecodeOp, "kv_cache must be [num_blocks, block_size, row], got " << shape_str(kv_cache));
+  if (format == CacheFormat::kAuto) {
+    MLA_ARG_CHECK(kv_cache.scalar_type() == ScalarType::BFloat16 && kv_cache.size(2) == kLatentDim, kDecodeOp,
+                  "kv_cache_dtype='auto' needs a bfloat16 kv_cache [num_blocks, block_size, 576], got "
+                      << scalar_type_name(kv_cache.scalar_type()) << " " << shape_str(kv_cache));
+  } else {
+    MLA_ARG_CHECK(kv_cache.scalar_type() == ScalarType::Byte && kv_cache.size(2) == kDsMlaRowBytes, kDecodeOp,
+                  "kv_cache_dtype='fp8_ds_mla' needs a uint8 kv_cache [num_blocks, block_size, 656], got "
+                      << scalar_type_name(kv_cache.scalar_type()) << " " << shape_str(kv_cache));
+  }
+  const int64_t cache_elem = element_size(kv_cache.scalar_type());
+  MLA_ARG_CHECK(kv_cache.stride(2) == 1 && (kv_cache.stride(0) * cache_elem) % 16 == 0 &&
+                    (kv_cache.stride(1) * cache_elem) % 16 == 0 && aligned16(kv_cache.data_ptr()),
+                kDecodeOp, "kv_cache needs a contiguous last dim, 16-byte aligned block and token strides");
+
+  // indices [b, s_q, topk] int32, last dim contiguous.
+  MLA_ARG_CHECK(indices.scalar_type() == ScalarType::Int, kDecodeOp,
+                "indices must be int32, got " << scalar_type_name(indices.scalar_type()));
+  MLA_ARG_CHECK(indices.dim() == 3 && indices.size(0) == b && indices.size(1) == s_q && indices.size(2) >= 1, kDecodeOp,
+                "indices must be [b, s_q, topk] = [" << b << ", " << s_q << ", topk >= 1], got " << shape_str(indices));
+  MLA_ARG_CHECK(indices.stride(2) == 1, kDecodeOp, "indices' last dim must be contiguous");
+  const int32_t* topk_length_ptr = nullptr;
+  if (topk_length.has_value()) {
+    check_cuda(*topk_length, "topk_length", kDecodeOp, device);
+    MLA_ARG_CHECK(topk_length->scalar_type() == ScalarType::Int && topk_length->dim() == 1 && topk_length->size(0) == b &&
+                      topk_length->stride(0) == 1,
+                  kDecodeOp, "topk_length must be a contiguous int32 [b] = [" << b << "], got " << shape_str(*topk_length));
+    topk_length_ptr = static_cast<const int32_t*>(topk_length->data_ptr());
+  }
+  const float* sink_ptr = nullptr;
+  if (attn_sink.has_value()) {
+    check_cuda(*attn_sink, "attn_sink", kDecodeOp, device);
+    MLA_ARG_CHECK(attn_sink->scalar_type() == ScalarType::Float && attn_sink->dim() == 1 && attn_sink->size(0) == h_q &&
+                      attn_sink->stride(0) == 1,
+                  kDecodeOp, "attn_sink must be a contiguous float32 [h_q] = [" << h_q << "], got " << shape_str(*attn_sink));
+    sink_ptr = static_cast<const float*>(attn_sink->data_ptr());
+  }
+
+  const torch::stable::accelerator::DeviceGuard guard(device);
+  Tensor out = torch::stable::new_empty(q, std::vector<int64_t>{b, s_q, h_q, kKvLoraRank});
+  Tensor lse = torch::stable::new_empty(q, std::vector<int64_t>{b, h_q, s_q}, ScalarType::Float);
+
+  SparseDecodeParams params{};
+  params.q = q.data_ptr();
+  params.kv_cache = kv_cache.data_ptr();
+  params.indices = static_cast<const int32_t*>(indices.data_ptr());
+  params.topk_length = topk_length_ptr;
+  params.attn_sink = sink_ptr;
+  params.out = out.data_ptr();
+  params.lse = static_cast<float*>(lse.data_ptr());
+  params.batch = static_cast<int>(b);
+  params.s_q = static_cast<int>(s_q);
+  params.h_q = static_cast<int>(h_q);
+  params.topk = static_cast<int>(indices.size(2));
+  params.stride_q_b = q.stride(0);
+  params.stride_q_s = q.stride(1);
+  params.stride_q_h = q.stride(2);
+  params.stride_indices_b = indices.stride(0);
+  params.stride_indices_s = indices.stride(1);
+  params.stride_cache_block_bytes = kv_cache.stride(0) * cache_elem;
+  params.stride_cache_token_bytes = kv_cache.stride(1) * cache_elem;
+  params.block_size = kv_cache.size(1);
+  params.num_slots = kv_cache.size(0) * kv_cache.size(1);
+  params.softmax_scale = static_cast<float>(softmax_scale);
+  params.format = format;
+  params.stream = current_stream(device);
+  plan_sparse_decode(params, device);
+  // Split plan: per-split partials, merged by the combine (allocated through the caching
+  // allocator, so a captured graph keeps its own buffers).
+  std::optional<Tensor> partial_out, partial_lse;
+  if (params.num_splits > 1) {
+    partial_out = torch::stable::new_empty(q, std::vector<int64_t>{params.num_splits, b * s_q, h_q, kKvLoraRank},
+                                           ScalarType::Float);
+    partial_lse = torch::stable::new_empty(q, std::vector<int64_t>{params.num_splits, b * s_q, h_q}, ScalarType::Float);
+    params.partial_out = static_cast<float*>(partial_out->data_ptr());
+    params.partial_lse = static_cast<float*>(partial_lse->data_ptr());
+  }
+  run_sparse_decode_mla(params, device);
+  return {out, lse};
+}
+
+void sparse_indices_to_slots(Tensor local_indices, Tensor block_table, int64_t block_size, Tensor slots) {
+  const int device = local_indices.get_device_index();
+  check_cuda(local_indices, "local_indices", kSlotsOp, device);
+  check_cuda(block_table, "block_table", kSlotsOp, device);
+  check_cuda(slots, "slots", kSlotsOp, device);
+  MLA_ARG_CHECK(block_size >= 1, kSlotsOp, "block_size must be >= 1, got " << block_size);
+  MLA_ARG_CHECK(local_indices.scalar_type() == ScalarType::Int && local_indices.dim() == 3 && local_indices.is_contiguous(),
+                kSlotsOp, "local_indices must be a contiguous int32 [b, s_q, topk], got " << shape_str(local_indices));
+  MLA_ARG_CHECK(block_table.scalar_type() == ScalarType::Int && block_table.dim() == 2 && block_table.stride(1) == 1 &&
+                    block_table.size(0) == local_indices.size(0),
+                kSlotsOp, "block_table must be int32 [b, max_blocks] with b = " << local_indices.size(0) << ", got "
+                                                                                 << shape_str(block_table));
+  MLA_ARG_CHECK(slots.scalar_type() == ScalarType::Int && slots.is_contiguous() && slots.dim() == 3 &&
+                    slots.size(0) == local_indices.size(0) && slots.size(1) == local_indices.size(1) &&
+                    slots.size(2) == local_indices.size(2),
+                kSlotsOp, "slots must be a contiguous int32 tensor shaped like local_indices, got " << shape_str(slots));
+  const torch::stable::accelerator::DeviceGuard guard(device);
+  SparseIndicesToSlotsParams params{};
+  params.local_indices = static_cast<const int32_t*>(local_indices.data_ptr());
+  params.block_table = static_cast<const int32_t*>(block_table.data_ptr());
+  params.slots = static_cast<int32_t*>(slots.data_ptr());
+  params.num_rows_per_request = local_indices.size(1) * local_indices.size(2);
+  params.total = local_indices.numel();
+  params.stride_block_table = block_table.stride(0);
+  params.max_blocks = static_cast<int>(block_table.size(1));
+  params.block_size = static_cast<int>(block_size);
+  params.stream = current_stream(device);
+  run_sparse_indices_to_slots(params);
+}
+
+void sparse_compressed_indices(Tensor positions, Tensor token_to_req, Tensor block_table, int64_t block_size,
+                               int64_t compress_ratio, int64_t num_decode_tokens, Tensor indices, Tensor lengths) {
+  const int device = positions.get_device_index();
+  check_cuda(positions, "positions", kCompressedOp, device);
+  check_cuda(token_to_req, "token_to_req", kCompressedOp, device);
+  check_cuda(block_table, "block_table", kCompressedOp, device);
+  check_cuda(indices, "indices", kCompressedOp, device);
+  check_cuda(lengths, "lengths", kCompressedOp, device);
+  MLA_ARG_CHECK(block_size >= 1 && compress_ratio >= 1, kCompressedOp,
+                "block_size and compress_ratio must be >= 1, got " << block_size << " and " << compress_ratio);
+  MLA_ARG_CHECK(positions.scalar_type() == ScalarType::Long && positions.dim() == 1 && positions.stride(0) == 1,
+                kCompressedOp, "positions must be a contiguous int64 [T], got " << shape_str(positions));
+  const int64_t num_tokens = positions.size(0);
+  MLA_ARG_CHECK(token_to_req.scalar_type() == ScalarType::Int && token_to_req.dim() == 1 &&
+                    token_to_req.size(0) == num_tokens && token_to_req.stride(0) == 1,
+                kCompressedOp, "token_to_req must be a contiguous int32 [T] = [" << num_tokens << "]");
+  MLA_ARG_CHECK(block_table.scalar_type() == ScalarType::Int && block_table.dim() == 2 && block_table.stride(1) == 1,
+                kCompressedOp, "block_table must be int32 [num_requests, max_blocks], got " << shape_str(block_table));
+  MLA_ARG_CHECK(indices.scalar_type() == ScalarType::Int && indices.dim() == 2 && indices.size(0) == num_tokens &&
+                    indices.stride(1) == 1 && indices.size(1) > 0 && indices.size(1) % 128 == 0,
+                kCompressedOp, "indices must be int32 [T, width] with width a positive multiple of 128, got "
+                                   << shape_str(indices));
+  MLA_ARG_CHECK(lengths.scalar_type() == ScalarType::Int && lengths.dim() == 1 && lengths.size(0) == num_tokens &&
+                    lengths.stride(0) == 1,
+                kCompressedOp, "lengths must be a contiguous int32 [T] = [" << num_tokens << "]");
+  MLA_ARG_CHECK(num_decode_tokens >= 0 && num_decode_tokens <= num_tokens, kCompressedOp,
+                "num_decode_tokens must be in [0, " << num_tokens << "], got " << num_decode_tokens);
+  const torch::stable::accelerator::DeviceGuard guard(device);
+  SparseCompressedIndicesParams params{};
+  params.positions = static_cast<const int64_t*>(positions.data_ptr());
+  params.token_to_req = static_cast<const int32_t*>(token_to_req.data_ptr());
+  params.block_table = static_cast<const int32_t*>(block_table.data_ptr());
+  params.indices = static_cast<int32_t*>(indices.data_ptr());
+  params.lengths = static_cast<int32_t*>(lengths.data_ptr());
+  params.num_tokens = num_tokens;
+  params.num_decode_tokens = num_decode_tokens;
+  params.stride_block_table = block_table.stride(0);
+  params.stride_indices = indices.stride(0);
+  params.width = static_cast<int>(indices.size(1));
+  params.max_blocks = static_cast<int>(block_table.size(1));
+  params.block_size = static_cast<int>(block_size);
+  params.compress_ratio = static_cast<int>(compress_ratio);
+  params.stream = current_stream(device);
+  run_sparse_compressed_indices(params);
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_FRAGMENT(mla_ext, m) {
+  m.def(
+      "sparse_decode_mla(Tensor q, Tensor kv_cache, Tensor indices, float softmax_scale, str kv_cache_dtype, "
+      "Tensor? topk_length=None, Tensor? attn_sink=None) -> (Tensor, Tensor)");
+  m.def("sparse_indices_to_slots(Tensor local_indices, Tensor block_table, int block_size, Tensor(a!) slots) -> ()");
+  m.def(
+      "sparse_compressed_indices(Tensor positions, Tensor token_to_req, Tensor block_table, int block_size, "
+      "int compress_ratio, int num_decode_tokens, Tensor(a!) indices, Tensor(b!) lengths) -> ()");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(mla_ext, CUDA, m) {
+  m.impl("sparse_decode_mla", TORCH_BOX(&sparse_decode_mla));
+  m.impl("sparse_indices_to_slots", TORCH_BOX(&sparse_indices_to_slots));
+  m.impl("sparse_compressed_indices", TORCH_BOX(&sparse_compressed_indices));
+}
+
+}  // namespace mla::bindings

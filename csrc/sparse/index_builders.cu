@@ -1,0 +1,66 @@
+// GPU index builders for sparse decode: elementwise kernels that write into caller-provided
+// buffers (no host sync, no allocation: safe inside a captured CUDA graph).
+#include <cstdint>
+
+#include "common/cuda_check.h"
+#include "sparse/sparse_decode.h"
+
+namespace mla {
+namespace {
+
+constexpr int kThreads = 256;
+
+// Global slot of position pos through one block-table row; -1 when pos is negative, past the
+// table, or its page is unassigned (negative entry).
+__device__ __forceinline__ int32_t position_to_slot(int64_t pos, const int32_t* table_row, int max_blocks, int block_size) {
+  if (pos < 0) return -1;
+  const int64_t page = pos / block_size;
+  if (page >= max_blocks) return -1;
+  const int32_t block = table_row[page];
+  if (block < 0) return -1;
+  return static_cast<int32_t>(int64_t(block) * block_size + pos % block_size);
+}
+
+__global__ void __launch_bounds__(kThreads) indices_to_slots_kernel(const __grid_constant__ SparseIndicesToSlotsParams p) {
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= p.total) return;
+  const int64_t req = i / p.num_rows_per_request;
+  p.slots[i] = position_to_slot(p.local_indices[i], p.block_table + req * p.stride_block_table, p.max_blocks, p.block_size);
+}
+
+// grid = (num_tokens, width / kThreads rounded up): thread j of token t writes indices[t, j].
+__global__ void __launch_bounds__(kThreads) compressed_indices_kernel(const __grid_constant__ SparseCompressedIndicesParams p) {
+  const int64_t t = blockIdx.x;
+  const int j = blockIdx.y * kThreads + threadIdx.x;
+  const int64_t q = (p.positions[t] + 1) / p.compress_ratio;
+  const int64_t n = q > 0 ? q : 0;  // C division: -k/r -> <= 0
+  if (j == 0) p.lengths[t] = static_cast<int32_t>(n < p.width ? n : p.width);
+  if (j >= p.width) return;
+  int32_t value = -1;
+  if (j < n) {
+    value = t < p.num_decode_tokens
+                ? position_to_slot(j, p.block_table + int64_t(p.token_to_req[t]) * p.stride_block_table, p.max_blocks,
+                                   p.block_size)
+                : j;
+  }
+  p.indices[t * p.stride_indices + j] = value;
+}
+
+}  // namespace
+
+void run_sparse_indices_to_slots(const SparseIndicesToSlotsParams& p) {
+  if (p.total == 0) return;
+  const dim3 grid(static_cast<unsigned>((p.total + kThreads - 1) / kThreads));
+  indices_to_slots_kernel<<<grid, kThreads, 0, p.stream>>>(p);
+  MLA_CHECK_LAUNCH();
+}
+
+void run_sparse_compressed_indices(const SparseCompressedIndicesParams& p) {
+  if (p.num_tokens == 0) return;
+  MLA_HOST_CHECK(p.width > 0 && p.compress_ratio > 0 && p.block_size > 0, "width, compress_ratio and block_size must be positive");
+  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>((p.width + kThreads - 1) / kThreads));
+  compressed_indices_kernel<<<grid, kThreads, 0, p.stream>>>(p);
+  MLA_CHECK_LAUNCH();
+}
+
+}  // namespace mla

@@ -1,0 +1,6 @@
+// Portable sparse decode, 64-head tiles, fp8_ds_mla cache.
+#include "sparse/portable/sparse_decode_portable.cuh"
+
+namespace mla::sparse {
+template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
+}  // namespace mla::sparse

@@ -1,0 +1,107 @@
+// Host dispatch of the sparse decode: plan (head tile, splits), kernel choice by architecture,
+// launch, and the combine when the top-k list is split.
+#include "sparse/sparse_decode.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "common/arch.h"
+#include "common/cuda_check.h"
+#include "sparse/portable/sparse_decode_portable.cuh"
+
+namespace mla {
+namespace sparse {
+// Compiled in portable/instantiations/*.cu.
+extern template void launch_sparse_decode_portable<16, CacheFormat::kAuto, 2>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<16, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<32, CacheFormat::kAuto, 2>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<32, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 3>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<32, CacheFormat::kFp8DsMla, 2>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<32, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
+
+namespace {
+
+// Heads per CTA: the smallest MMA tile that holds h_q (16 / 32), else 64-head tiles. h_q = 16
+// therefore reads every row once with a quarter of the MMA work of h_q = 64; nothing is padded
+// to 64 heads.
+int head_tile(int h_q) { return h_q <= 16 ? 16 : (h_q <= 32 ? 32 : 64); }
+
+// Deepest pipeline instantiated per (head tile, format): bf16 2 K buffers; fp8_ds_mla staging
+// buffers as many as fit next to Q and the K tile in 227 KB (3 for 16 heads, 2 for 32, 1 for 64).
+template <int kM, CacheFormat kFormat>
+constexpr int kDeepStages = kFormat == CacheFormat::kAuto ? 2 : (kM == 16 ? 3 : (kM == 32 ? 2 : 1));
+
+template <int kM, CacheFormat kFormat>
+void launch_portable(const SparseDecodeParams& p, int max_smem) {
+  // The deep pipeline where shared memory allows (sm90, sm100: 227 KB), one stage on GPUs
+  // with less (sm80: 163 KB).
+  constexpr int kDeep = kDeepStages<kM, kFormat>;
+  if constexpr (kDeep > 1) {
+    if (PortableConfig<kM, kFormat, kDeep>::kSmemBytes <= max_smem) {
+      launch_sparse_decode_portable<kM, kFormat, kDeep>(p);
+      return;
+    }
+  }
+  constexpr int kSmem = PortableConfig<kM, kFormat, 1>::kSmemBytes;
+  MLA_HOST_CHECK(kSmem <= max_smem, "sparse decode needs " + std::to_string(kSmem) +
+                                        " bytes of shared memory per block, this GPU allows " + std::to_string(max_smem));
+  launch_sparse_decode_portable<kM, kFormat, 1>(p);
+}
+
+}  // namespace
+}  // namespace sparse
+
+void plan_sparse_decode(SparseDecodeParams& p, int device) {
+  const DeviceInfo& info = device_info(device);
+  constexpr int kTileKeys = 64;
+  const int total_tiles = std::max(1, (p.topk + kTileKeys - 1) / kTileKeys);
+  const int64_t ctas = int64_t(p.batch) * p.s_q * ((p.h_q + sparse::head_tile(p.h_q) - 1) / sparse::head_tile(p.h_q));
+  // One CTA per SM (the kernel uses most of shared memory). Split the top-k list only when the
+  // CTAs leave SMs idle; a split costs a partial write and the combine.
+  int splits = ctas >= info.num_sms ? 1 : static_cast<int>(info.num_sms / std::max<int64_t>(ctas, 1));
+  if (const char* forced = std::getenv("MLA_EXT_SPARSE_NUM_SPLITS"); forced != nullptr && forced[0] != '\0') {
+    splits = std::max(1, std::atoi(forced));
+  }
+  splits = std::clamp(splits, 1, total_tiles);
+  p.tiles_per_split = (total_tiles + splits - 1) / splits;
+  p.num_splits = (total_tiles + p.tiles_per_split - 1) / p.tiles_per_split;
+}
+
+void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
+  MLA_HOST_CHECK(p.num_splits >= 1 && p.tiles_per_split >= 1, "plan_sparse_decode() must run first");
+  MLA_HOST_CHECK(p.num_splits == 1 || (p.partial_out != nullptr && p.partial_lse != nullptr),
+                 "a split plan needs partial_out and partial_lse");
+  if (p.batch == 0 || p.s_q == 0 || p.h_q == 0) return;
+  MLA_HOST_CHECK(int64_t(p.batch) * p.s_q <= 65535, "sparse decode supports b * s_q <= 65535 query tokens per call");
+  const DeviceInfo& info = device_info(device);
+  const bool hopper = info.sm_version == 90 && !force_portable_from_env();
+  // Hopper path (wgmma for QK^T and PV, warp-specialised row gathering): not written yet, so
+  // sm90 takes the portable kernel too. The branch is where it plugs in.
+  (void)hopper;
+  const int tile = sparse::head_tile(p.h_q);
+  auto by_format = [&]<int kM>() {
+    if (p.format == CacheFormat::kAuto) {
+      sparse::launch_portable<kM, CacheFormat::kAuto>(p, info.max_smem_per_block);
+    } else if (p.format == CacheFormat::kFp8DsMla) {
+      sparse::launch_portable<kM, CacheFormat::kFp8DsMla>(p, info.max_smem_per_block);
+    } else {
+      throw std::runtime_error("mla_ext: sparse decode reads 'auto' (bf16) or 'fp8_ds_mla' caches only");
+    }
+  };
+  if (tile == 16) {
+    by_format.template operator()<16>();
+  } else if (tile == 32) {
+    by_format.template operator()<32>();
+  } else {
+    by_format.template operator()<64>();
+  }
+  if (p.num_splits > 1) run_sparse_combine(p);
+}
+
+}  // namespace mla

@@ -1,0 +1,85 @@
+// Sparse top-k MLA decode (DeepSeek V3.2): each query token attends only to the cache slots its
+// indexer chose. Host entry points for the decode, its split-over-topk combine and the two GPU
+// index builders. No torch headers: the binding (csrc/bindings/sparse.cpp) fills these structs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/types.h"
+
+namespace mla {
+
+struct SparseDecodeParams {
+  const void* __restrict__ q;                // [b, s_q, h_q, 576] bf16, strides below, last dim contiguous
+  const void* __restrict__ kv_cache;         // [num_blocks, block_size, row]: bf16 row 576 (auto) or uint8 656 (fp8_ds_mla)
+  const int32_t* __restrict__ indices;       // [b, s_q, topk] int32 global slots; < 0 or >= num_slots: invalid
+  const int32_t* __restrict__ topk_length;   // [b] int32, only the first topk_length[i] indices count; may be nullptr
+  const float* __restrict__ attn_sink;       // [h_q] fp32; may be nullptr
+  void* __restrict__ out;                    // [b, s_q, h_q, 512] bf16, contiguous
+  float* __restrict__ lse;                   // [b, h_q, s_q] fp32, contiguous, natural log
+  float* __restrict__ partial_out;           // [num_splits, b * s_q, h_q, 512] fp32 when num_splits > 1, else nullptr
+  float* __restrict__ partial_lse;           // [num_splits, b * s_q, h_q] fp32 when num_splits > 1, else nullptr
+  int batch;
+  int s_q;
+  int h_q;
+  int topk;
+  int64_t stride_q_b, stride_q_s, stride_q_h;  // elements; all multiples of 8 (16-byte rows)
+  int64_t stride_indices_b, stride_indices_s;  // elements; last dim contiguous
+  int64_t stride_cache_block_bytes;            // bytes, multiple of 16 (pages may be padded)
+  int64_t stride_cache_token_bytes;            // bytes, multiple of 16
+  int64_t block_size;
+  int64_t num_slots;                           // num_blocks * block_size
+  float softmax_scale;
+  CacheFormat format;                          // kAuto (bf16) or kFp8DsMla
+  int num_splits;                              // from plan_sparse_decode(); 1 = no combine
+  int tiles_per_split;                         // 64-key tiles each split covers
+  cudaStream_t stream;
+};
+
+// How the work is split (a function of the shapes and the GPU only: no device data is read, so
+// a captured CUDA graph replays the same plan). Fills num_splits and tiles_per_split.
+// MLA_EXT_SPARSE_NUM_SPLITS=<n> forces n splits (tests of the combine path).
+void plan_sparse_decode(SparseDecodeParams& params, int device);
+
+// Launches the decode (and the combine when num_splits > 1). CUDA-graph safe: no host sync, no
+// allocation (partial_out/partial_lse are allocated by the caller from the plan).
+void run_sparse_decode_mla(const SparseDecodeParams& params, int device);
+
+// Merges the per-split partial results by their LSE, applies attn_sink, writes out/lse.
+// Should be folded into the shared decode combine (csrc/decode/combine) once that exists.
+void run_sparse_combine(const SparseDecodeParams& params);
+
+struct SparseIndicesToSlotsParams {
+  const int32_t* __restrict__ local_indices;  // [b, s_q, topk] int32 token positions, contiguous; < 0 = padding
+  const int32_t* __restrict__ block_table;    // [b, max_blocks] int32, row stride below
+  int32_t* __restrict__ slots;                // [b, s_q, topk] int32 out, contiguous
+  int64_t num_rows_per_request;               // s_q * topk
+  int64_t total;                              // b * s_q * topk
+  int64_t stride_block_table;                 // elements
+  int max_blocks;
+  int block_size;
+  cudaStream_t stream;
+};
+void run_sparse_indices_to_slots(const SparseIndicesToSlotsParams& params);
+
+struct SparseCompressedIndicesParams {
+  const int64_t* __restrict__ positions;     // [T] int64 position of each query token
+  const int32_t* __restrict__ token_to_req;  // [T] int32 row of block_table
+  const int32_t* __restrict__ block_table;   // [R, max_blocks] int32 (compressed cache pages)
+  int32_t* __restrict__ indices;             // [T, width] int32 out, row stride below
+  int32_t* __restrict__ lengths;             // [T] int32 out
+  int64_t num_tokens;
+  int64_t num_decode_tokens;                 // tokens [0, this) get global slots, the rest local indices
+  int64_t stride_block_table;
+  int64_t stride_indices;
+  int width;                                 // multiple of 128
+  int max_blocks;
+  int block_size;
+  int compress_ratio;
+  cudaStream_t stream;
+};
+void run_sparse_compressed_indices(const SparseCompressedIndicesParams& params);
+
+}  // namespace mla

@@ -1,0 +1,272 @@
+"""Sparse top-k MLA decode (DeepSeek V3.2) and the GPU index builders that feed it."""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference
+from ._validate import check, check_dtype, check_last_dim_contiguous, check_same_device, fail
+from .formats import DS_MLA_ROW_BYTES, KV_LORA_RANK, LATENT_DIM, canonical_format
+
+_DECODE = "sparse_decode_mla"
+_SLOTS = "sparse_indices_to_slots"
+_COMPRESSED = "sparse_compressed_indices"
+MAX_S_Q = 16
+
+
+def _validate_decode(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_length, attn_sink) -> None:
+    """Metadata checks; the C++ binding repeats them for direct ``torch.ops`` callers on CUDA."""
+    try:
+        fmt = canonical_format(kv_cache_dtype)
+    except ValueError as e:
+        fail(_DECODE, str(e))
+    check(fmt in ("auto", "fp8_ds_mla"), _DECODE,
+          f"kv_cache_dtype must be 'auto' (bf16) or 'fp8_ds_mla' for sparse decode, got {kv_cache_dtype!r}")
+    check_same_device(_DECODE, q=q, kv_cache=kv_cache, indices=indices, topk_length=topk_length, attn_sink=attn_sink)
+    check(q.dim() == 4 and q.shape[3] == LATENT_DIM, _DECODE, f"q must be [b, s_q, h_q, {LATENT_DIM}], got {list(q.shape)}")
+    check_dtype(q, "q", (torch.bfloat16,), _DECODE)
+    check_last_dim_contiguous(q, "q", _DECODE)
+    b, s_q, h_q = q.shape[:3]
+    check(1 <= s_q <= MAX_S_Q, _DECODE, f"s_q must be 1..{MAX_S_Q}, got {s_q}")
+    check(h_q >= 1, _DECODE, f"h_q must be >= 1, got {h_q}")
+    check(kv_cache.dim() == 3, _DECODE, f"kv_cache must be [num_blocks, block_size, row], got {list(kv_cache.shape)}")
+    check_last_dim_contiguous(kv_cache, "kv_cache", _DECODE)
+    if fmt == "auto":
+        check(kv_cache.dtype == torch.bfloat16 and kv_cache.shape[2] == LATENT_DIM, _DECODE,
+              f"kv_cache_dtype='auto' needs a bfloat16 kv_cache [num_blocks, block_size, {LATENT_DIM}], "
+              f"got {kv_cache.dtype} {list(kv_cache.shape)}")
+    else:
+        check(kv_cache.dtype == torch.uint8 and kv_cache.shape[2] == DS_MLA_ROW_BYTES, _DECODE,
+              f"kv_cache_dtype='fp8_ds_mla' needs a uint8 kv_cache [num_blocks, block_size, {DS_MLA_ROW_BYTES}], "
+              f"got {kv_cache.dtype} {list(kv_cache.shape)}")
+    check_dtype(indices, "indices", (torch.int32,), _DECODE)
+    check(indices.dim() == 3 and tuple(indices.shape[:2]) == (b, s_q) and indices.shape[2] >= 1, _DECODE,
+          f"indices must be [b, s_q, topk] = [{b}, {s_q}, topk >= 1], got {list(indices.shape)}")
+    check_last_dim_contiguous(indices, "indices", _DECODE)
+    check(isinstance(softmax_scale, (int, float)), _DECODE, f"softmax_scale must be a float, got {type(softmax_scale)}")
+    if topk_length is not None:
+        check_dtype(topk_length, "topk_length", (torch.int32,), _DECODE)
+        check(topk_length.dim() == 1 and topk_length.shape[0] == b, _DECODE,
+              f"topk_length must be int32 [b] = [{b}], got {list(topk_length.shape)}")
+    if attn_sink is not None:
+        check_dtype(attn_sink, "attn_sink", (torch.float32,), _DECODE)
+        check(attn_sink.dim() == 1 and attn_sink.shape[0] == h_q, _DECODE,
+              f"attn_sink must be float32 [h_q] = [{h_q}], got {list(attn_sink.shape)}")
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """16-byte rows for the kernel's 16-byte copies: base and outer strides."""
+    esz = t.element_size()
+    return t.data_ptr() % 16 == 0 and all((s * esz) % 16 == 0 for s in t.stride()[:-1])
+
+
+def sparse_decode_mla(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    softmax_scale: float,
+    kv_cache_dtype: str = "fp8_ds_mla",
+    topk_length: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse top-k MLA decode: each query token attends to the cache slots its indexer chose.
+
+    Parameters
+    ----------
+    q : Tensor ``[b, s_q, h_q, 576]`` bfloat16
+        Latent query (absorbed ``q_nope`` 512, then ``q_pe`` 64). ``s_q`` 1..16, any ``h_q >= 1``
+        (no padding to 64 heads: 16 heads cost a quarter of the MMA work of 64).
+    kv_cache : Tensor ``[num_blocks, block_size, row]``
+        ``'fp8_ds_mla'``: uint8, row 656; ``'auto'``: bfloat16, row 576. Any ``block_size``;
+        pages may be padded (the strides are honoured).
+    indices : Tensor ``[b, s_q, topk]`` int32
+        Global slots ``block * block_size + offset`` (see :func:`sparse_indices_to_slots`). A
+        negative slot or one ``>= num_blocks * block_size`` is invalid: it contributes nothing
+        and its row is never read. Duplicates count as often as they appear. Any ``topk >= 1``.
+    softmax_scale : float
+        Scale of the un-absorbed head, e.g. ``192 ** -0.5`` (times mscale^2 for YaRN).
+    kv_cache_dtype : str
+        ``'fp8_ds_mla'`` or ``'auto'``.
+    topk_length : Tensor ``[b]`` int32, optional
+        Only the first ``topk_length[i]`` entries of request i's lists count (0 = none).
+    attn_sink : Tensor ``[h_q]`` float32, optional
+        Per-head sink logit: out is scaled by ``e^lse / (e^lse + e^sink)``; lse is unchanged.
+        ``+inf`` gives out 0, ``-inf`` no change.
+
+    Returns
+    -------
+    out : Tensor ``[b, s_q, h_q, 512]`` bfloat16
+        Latent output (0 for a query with no valid index).
+    lse : Tensor ``[b, h_q, s_q]`` float32
+        Natural-log sum of exp of the scaled scores (-inf for a query with no valid index).
+
+    The work is split over the top-k list when ``b * s_q * head tiles`` would leave SMs idle, and
+    the parts merge by LSE; the plan depends on shapes only, so a step can be captured in a CUDA
+    graph. ``MLA_EXT_FORCE_PORTABLE=1`` forces the portable (mma.sync) kernel on Hopper.
+
+    Examples
+    --------
+    >>> import torch, mla_ext
+    >>> cache = mla_ext.empty_kv_cache(8, 64, "fp8_ds_mla")
+    >>> kv = torch.randn(512, 576, dtype=torch.bfloat16)
+    >>> mla_ext.concat_and_cache_mla(kv[:, :512], kv[:, 512:], cache, torch.arange(512), "fp8_ds_mla")
+    >>> q = torch.randn(2, 1, 16, 576, dtype=torch.bfloat16)
+    >>> indices = torch.randint(0, 512, (2, 1, 128), dtype=torch.int32)
+    >>> out, lse = mla_ext.sparse_decode_mla(q, cache, indices, 192 ** -0.5, "fp8_ds_mla")
+    >>> out.shape, lse.shape
+    (torch.Size([2, 1, 16, 512]), torch.Size([2, 16, 1]))
+    """
+    _validate_decode(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_length, attn_sink)
+    if q.is_cuda and not _aligned(q):
+        q = q.contiguous()
+    if topk_length is not None:
+        topk_length = topk_length.contiguous()
+    if attn_sink is not None:
+        attn_sink = attn_sink.contiguous()
+    return torch.ops.mla_ext.sparse_decode_mla(q, kv_cache, indices, float(softmax_scale), kv_cache_dtype,
+                                               topk_length, attn_sink)
+
+
+@torch.library.register_kernel("mla_ext::sparse_decode_mla", "cpu")
+def _sparse_decode_mla_cpu(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_length=None, attn_sink=None):
+    _validate_decode(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_length, attn_sink)
+    return reference.sparse_decode_mla(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_length, attn_sink)
+
+
+@torch.library.register_fake("mla_ext::sparse_decode_mla")
+def _sparse_decode_mla_fake(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_length=None, attn_sink=None):
+    _validate_decode(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_length, attn_sink)
+    b, s_q, h_q = q.shape[:3]
+    out = q.new_empty(b, s_q, h_q, KV_LORA_RANK)
+    lse = q.new_empty(b, h_q, s_q, dtype=torch.float32)
+    return out, lse
+
+
+# --------------------------------------------------------------------------------------------
+# Index builders
+# --------------------------------------------------------------------------------------------
+
+
+def _validate_slots(local_indices, block_table, block_size, slots) -> None:
+    check_same_device(_SLOTS, local_indices=local_indices, block_table=block_table, slots=slots)
+    check_dtype(local_indices, "local_indices", (torch.int32,), _SLOTS)
+    check(local_indices.dim() == 3, _SLOTS, f"local_indices must be [b, s_q, topk], got {list(local_indices.shape)}")
+    check_dtype(block_table, "block_table", (torch.int32,), _SLOTS)
+    check(block_table.dim() == 2 and block_table.shape[0] == local_indices.shape[0], _SLOTS,
+          f"block_table must be [b, max_blocks] with b = {local_indices.shape[0]}, got {list(block_table.shape)}")
+    check_last_dim_contiguous(block_table, "block_table", _SLOTS)
+    check(isinstance(block_size, int) and block_size >= 1, _SLOTS, f"block_size must be an int >= 1, got {block_size}")
+    check_dtype(slots, "slots", (torch.int32,), _SLOTS)
+    check(slots.shape == local_indices.shape and slots.is_contiguous(), _SLOTS,
+          f"slots must be a contiguous int32 tensor of local_indices' shape {list(local_indices.shape)}, "
+          f"got {list(slots.shape)}")
+
+
+def sparse_indices_to_slots(
+    local_indices: torch.Tensor, block_table: torch.Tensor, block_size: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Top-k token positions of each request -> global cache slots for :func:`sparse_decode_mla`.
+
+    Parameters
+    ----------
+    local_indices : Tensor ``[b, s_q, topk]`` int32
+        Positions in request i's sequence, as an indexer returns them; -1 (any negative) = none.
+    block_table : Tensor ``[b, max_blocks]`` int32
+        Request i's pages; a negative entry is an unassigned page.
+    block_size : int
+        Tokens per page.
+    out : Tensor ``[b, s_q, topk]`` int32, optional
+        Preallocated, contiguous result (CUDA-graph use); allocated when None.
+
+    Returns
+    -------
+    Tensor ``[b, s_q, topk]`` int32: ``block_table[i, p // block_size] * block_size + p %
+    block_size``, or -1 for a negative position, one past the block table or on an unassigned
+    page. On a GPU one elementwise kernel, no host sync.
+    """
+    if out is None:
+        out = torch.empty(local_indices.shape, dtype=torch.int32, device=local_indices.device)
+    _validate_slots(local_indices, block_table, block_size, out)
+    torch.ops.mla_ext.sparse_indices_to_slots(local_indices.contiguous(), block_table, block_size, out)
+    return out
+
+
+@torch.library.register_kernel("mla_ext::sparse_indices_to_slots", "cpu")
+def _sparse_indices_to_slots_cpu(local_indices, block_table, block_size, slots):
+    _validate_slots(local_indices, block_table, block_size, slots)
+    slots.copy_(reference.sparse_indices_to_slots(local_indices, block_table, block_size))
+
+
+def _validate_compressed(positions, token_to_req, block_table, block_size, compress_ratio, num_decode_tokens,
+                         indices, lengths) -> None:
+    check_same_device(_COMPRESSED, positions=positions, token_to_req=token_to_req, block_table=block_table,
+                      indices=indices, lengths=lengths)
+    check_dtype(positions, "positions", (torch.int64,), _COMPRESSED)
+    check(positions.dim() == 1, _COMPRESSED, f"positions must be [T], got {list(positions.shape)}")
+    num_tokens = positions.shape[0]
+    check_dtype(token_to_req, "token_to_req", (torch.int32,), _COMPRESSED)
+    check(token_to_req.shape == (num_tokens,), _COMPRESSED,
+          f"token_to_req must be [T] = [{num_tokens}], got {list(token_to_req.shape)}")
+    check_dtype(block_table, "block_table", (torch.int32,), _COMPRESSED)
+    check(block_table.dim() == 2, _COMPRESSED, f"block_table must be [num_requests, max_blocks], got {list(block_table.shape)}")
+    check_last_dim_contiguous(block_table, "block_table", _COMPRESSED)
+    check(isinstance(block_size, int) and block_size >= 1, _COMPRESSED, f"block_size must be an int >= 1, got {block_size}")
+    check(isinstance(compress_ratio, int) and compress_ratio >= 1, _COMPRESSED,
+          f"compress_ratio must be an int >= 1, got {compress_ratio}")
+    check(isinstance(num_decode_tokens, int) and 0 <= num_decode_tokens <= num_tokens, _COMPRESSED,
+          f"num_decode_tokens must be in [0, {num_tokens}], got {num_decode_tokens}")
+    check_dtype(indices, "indices", (torch.int32,), _COMPRESSED)
+    check(indices.dim() == 2 and indices.shape[0] == num_tokens and indices.shape[1] > 0 and indices.shape[1] % 128 == 0,
+          _COMPRESSED, f"indices must be [T, width] with width a positive multiple of 128, got {list(indices.shape)}")
+    check_last_dim_contiguous(indices, "indices", _COMPRESSED)
+    check_dtype(lengths, "lengths", (torch.int32,), _COMPRESSED)
+    check(lengths.shape == (num_tokens,) and lengths.is_contiguous(), _COMPRESSED,
+          f"lengths must be a contiguous [T] = [{num_tokens}], got {list(lengths.shape)}")
+
+
+def sparse_compressed_indices(
+    positions: torch.Tensor,
+    token_to_req: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    compress_ratio: int,
+    num_decode_tokens: int,
+    indices: torch.Tensor,
+    lengths: torch.Tensor,
+) -> None:
+    """Write the "attend to every compressed token" lists of compressed-cache layers.
+
+    Token t at ``positions[t]`` of request ``token_to_req[t]`` sees the ``n = (positions[t] + 1)
+    // compress_ratio`` compressed entries of its request. Decode tokens (the first
+    ``num_decode_tokens``) get them as global slots of the compressed cache through
+    ``block_table`` (-1 on an unassigned page), ready for :func:`sparse_decode_mla`; prefill
+    tokens get the local indices ``0 .. n-1`` (into their request's gathered compressed rows).
+
+    Parameters
+    ----------
+    positions : Tensor ``[T]`` int64
+    token_to_req : Tensor ``[T]`` int32, the block-table row of each token
+    block_table : Tensor ``[num_requests, max_blocks]`` int32, pages of the compressed cache
+    block_size, compress_ratio, num_decode_tokens : int
+    indices : Tensor ``[T, width]`` int32, written in place
+        ``width`` a positive multiple of 128 and ``>= max n`` (entries past it are dropped);
+        rows are -1 padded.
+    lengths : Tensor ``[T]`` int32, written in place: ``min(n, width)``.
+
+    On a GPU one kernel, no host sync, no allocation: safe inside a captured CUDA graph.
+    """
+    _validate_compressed(positions, token_to_req, block_table, block_size, compress_ratio, num_decode_tokens,
+                         indices, lengths)
+    torch.ops.mla_ext.sparse_compressed_indices(positions.contiguous(), token_to_req.contiguous(), block_table,
+                                                block_size, compress_ratio, num_decode_tokens, indices, lengths)
+
+
+@torch.library.register_kernel("mla_ext::sparse_compressed_indices", "cpu")
+def _sparse_compressed_indices_cpu(positions, token_to_req, block_table, block_size, compress_ratio,
+                                   num_decode_tokens, indices, lengths):
+    _validate_compressed(positions, token_to_req, block_table, block_size, compress_ratio, num_decode_tokens,
+                         indices, lengths)
+    ref_indices, ref_lengths = reference.sparse_compressed_indices(
+        positions, token_to_req, block_table, block_size, compress_ratio, num_decode_tokens, indices.shape[1])
+    indices.copy_(ref_indices)
+    lengths.copy_(ref_lengths)

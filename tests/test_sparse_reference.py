@@ -1,0 +1,180 @@
+"""CPU tests of the sparse decode spec (reference), its op registration and input checks, and
+the index builders."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+import mla_ext
+from mla_ext import reference
+from sparse_cases import SOFTMAX_SCALE, make_cache, make_indices
+
+
+def _naive(q, cache, idx, scale, fmt, topk_length, sink):
+    """Loop-by-loop spec: per (request, token, head), softmax over the valid entries."""
+    rows = reference.dequantize_cache(cache, fmt).flatten(0, 1)
+    b, s_q, h_q, _ = q.shape
+    out = torch.zeros(b, s_q, h_q, 512)
+    lse = torch.full((b, h_q, s_q), -math.inf)
+    for i in range(b):
+        n = idx.shape[2] if topk_length is None else min(int(topk_length[i]), idx.shape[2])
+        for j in range(s_q):
+            keys = [int(x) for x in idx[i, j, :n] if 0 <= int(x) < rows.shape[0]]
+            if not keys:
+                continue
+            k = rows[keys]
+            for h in range(h_q):
+                s = (k @ q[i, j, h].float()) * scale
+                lse[i, h, j] = torch.logsumexp(s, 0)
+                o = torch.softmax(s, 0) @ k[:, :512]
+                if sink is not None:
+                    o = o * (0.0 if sink[h] == math.inf else 1 / (1 + math.exp(float(sink[h]) - float(lse[i, h, j]))))
+                out[i, j, h] = o
+    return out, lse
+
+
+@pytest.mark.parametrize("fmt", ["auto", "fp8_ds_mla"])
+@pytest.mark.parametrize("block_size", [1, 5])
+def test_reference_matches_loops(fmt, block_size):
+    b, s_q, h_q, topk = 3, 2, 3, 9
+    cache, good, _ = make_cache(40 // block_size + 1, block_size, fmt, "cpu", pad_pages=True)
+    num_slots = cache.shape[0] * cache.shape[1]
+    idx = make_indices(b, s_q, topk, good, num_slots, invalid_frac=0.3)
+    idx[2, 1, :] = -1
+    topk_length = torch.tensor([9, 4, 0], dtype=torch.int32)
+    sink = torch.tensor([0.5, math.inf, -math.inf])
+    q = torch.randn(b, s_q, h_q, 576, dtype=torch.bfloat16)
+    out, lse = reference.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt, topk_length, sink)
+    ref_out, ref_lse = _naive(q, cache, idx, SOFTMAX_SCALE, fmt, topk_length, sink)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+    fin = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse[fin], ref_lse[fin], atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(out.float(), ref_out.bfloat16().float(), atol=1e-2, rtol=1e-2)
+    assert not torch.isnan(out).any()
+
+
+def test_reference_properties():
+    cache, good, _ = make_cache(4, 16, "auto", "cpu", poison_frac=0.0)
+    q = torch.randn(1, 1, 2, 576, dtype=torch.bfloat16)
+    a, c = int(good[3]), int(good[7])
+    # Duplicates count: [a, a, c] is c plus a with twice the weight.
+    out_dup, lse_dup = reference.sparse_decode_mla(q, cache, torch.tensor([[[a, a, c]]], dtype=torch.int32), 0.1, "auto")
+    rows = cache.flatten(0, 1).float()
+    s = torch.stack([rows[a], rows[c]]) @ q[0, 0].float().T * 0.1  # [2, h]
+    s[0] += math.log(2.0)
+    torch.testing.assert_close(lse_dup[0, :, 0], torch.logsumexp(s, 0), atol=1e-4, rtol=0)
+    # Invalid entries change nothing; all invalid gives 0 and -inf.
+    out_inv, lse_inv = reference.sparse_decode_mla(
+        q, cache, torch.tensor([[[a, -1, a, 10**6, c]]], dtype=torch.int32), 0.1, "auto")
+    torch.testing.assert_close(out_inv, out_dup)
+    torch.testing.assert_close(lse_inv, lse_dup)
+    out0, lse0 = reference.sparse_decode_mla(q, cache, torch.full((1, 1, 4), -1, dtype=torch.int32), 0.1, "auto")
+    assert (out0 == 0).all() and (lse0 == -math.inf).all()
+    # topk_length 0 is the same as all invalid; a sink of -inf changes nothing, +inf zeroes out.
+    out_l0, lse_l0 = reference.sparse_decode_mla(q, cache, torch.tensor([[[a, c]]], dtype=torch.int32), 0.1, "auto",
+                                                 topk_length=torch.tensor([0], dtype=torch.int32))
+    assert (out_l0 == 0).all() and (lse_l0 == -math.inf).all()
+    out_s, lse_s = reference.sparse_decode_mla(q, cache, torch.tensor([[[a, a, c]]], dtype=torch.int32), 0.1, "auto",
+                                               attn_sink=torch.tensor([-math.inf, math.inf]))
+    torch.testing.assert_close(out_s[..., 0, :], out_dup[..., 0, :])
+    assert (out_s[..., 1, :] == 0).all()
+    torch.testing.assert_close(lse_s, lse_dup)
+
+
+def test_op_cpu_is_reference_and_opcheck():
+    cache, good, _ = make_cache(6, 8, "fp8_ds_mla", "cpu")
+    q = torch.randn(2, 2, 5, 576, dtype=torch.bfloat16)
+    idx = make_indices(2, 2, 11, good, 48)
+    tl = torch.tensor([11, 3], dtype=torch.int32)
+    sink = torch.randn(5)
+    out, lse = mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, "fp8_ds_mla", tl, sink)
+    ref_out, ref_lse = reference.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, "fp8_ds_mla", tl, sink)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    torch.library.opcheck(torch.ops.mla_ext.sparse_decode_mla, (q, cache, idx, SOFTMAX_SCALE, "fp8_ds_mla", tl, sink))
+    torch.library.opcheck(torch.ops.mla_ext.sparse_decode_mla, (q, cache.view(6, 8, 656), idx, 0.1, "fp8_ds_mla", None, None))
+
+
+def _naive_slots(local, table, block_size):
+    out = torch.full_like(local, -1)
+    for i in range(local.shape[0]):
+        for j in range(local.shape[1]):
+            for k in range(local.shape[2]):
+                p = int(local[i, j, k])
+                if p >= 0 and p // block_size < table.shape[1] and int(table[i, p // block_size]) >= 0:
+                    out[i, j, k] = int(table[i, p // block_size]) * block_size + p % block_size
+    return out
+
+
+def test_indices_to_slots_cpu():
+    table = torch.randperm(40, dtype=torch.int32)[:30].view(3, 10)
+    table[1, 7:] = -1
+    local = torch.randint(-3, 10 * 7 + 5, (3, 2, 13), dtype=torch.int32)
+    out = mla_ext.sparse_indices_to_slots(local, table, 7)
+    assert torch.equal(out, _naive_slots(local, table, 7))
+    preallocated = torch.empty_like(local)
+    assert mla_ext.sparse_indices_to_slots(local, table, 7, out=preallocated) is preallocated
+    assert torch.equal(preallocated, out)
+    torch.library.opcheck(torch.ops.mla_ext.sparse_indices_to_slots, (local, table, 7, torch.empty_like(local)))
+
+
+def test_compressed_indices_cpu():
+    table = torch.randperm(60, dtype=torch.int32)[:48].view(4, 12)
+    table[2, 3:] = -1
+    positions = torch.tensor([0, 3, 17, 200, -1, 50, 800], dtype=torch.int64)
+    req = torch.tensor([0, 1, 2, 3, 0, 1, 2], dtype=torch.int32)
+    indices = torch.empty(7, 256, dtype=torch.int32)
+    lengths = torch.empty(7, dtype=torch.int32)
+    mla_ext.sparse_compressed_indices(positions, req, table, 16, 4, 5, indices, lengths)
+    for t in range(7):
+        n = max((int(positions[t]) + 1) // 4, 0)
+        assert int(lengths[t]) == min(n, 256)
+        for j in range(256):
+            if j >= n:
+                want = -1
+            elif t >= 5:
+                want = j
+            else:
+                blk = int(table[int(req[t]), j // 16]) if j // 16 < 12 else -1
+                want = blk * 16 + j % 16 if blk >= 0 else -1
+            assert int(indices[t, j]) == want, (t, j)
+    torch.library.opcheck(torch.ops.mla_ext.sparse_compressed_indices,
+                          (positions, req, table, 16, 4, 5, torch.empty_like(indices), torch.empty_like(lengths)))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(q=torch.randn(1, 1, 4, 576)), "q must be bfloat16"),
+        (dict(q=torch.randn(1, 1, 4, 512, dtype=torch.bfloat16)), "q must be [b, s_q, h_q, 576]"),
+        (dict(q=torch.randn(1, 17, 4, 576, dtype=torch.bfloat16)), "s_q must be 1..16"),
+        (dict(indices=torch.zeros(1, 1, 8, dtype=torch.int64)), "indices must be int32"),
+        (dict(indices=torch.zeros(2, 1, 8, dtype=torch.int32)), "indices must be [b, s_q, topk]"),
+        (dict(kv_cache_dtype="fp8"), "'auto' (bf16) or 'fp8_ds_mla'"),
+        (dict(kv_cache_dtype="bf16"), "kv_cache_dtype must be one of"),
+        (dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.uint8)), "needs a uint8 kv_cache [num_blocks, block_size, 656]"),
+        (dict(topk_length=torch.zeros(3, dtype=torch.int32)), "topk_length must be int32 [b]"),
+        (dict(attn_sink=torch.zeros(4, dtype=torch.float64)), "attn_sink must be float32"),
+        (dict(attn_sink=torch.zeros(5)), "attn_sink must be float32 [h_q]"),
+    ],
+)
+def test_bad_inputs(change, message):
+    args = dict(q=torch.randn(1, 1, 4, 576, dtype=torch.bfloat16), kv_cache=torch.zeros(4, 16, 656, dtype=torch.uint8),
+                indices=torch.zeros(1, 1, 8, dtype=torch.int32), softmax_scale=0.1, kv_cache_dtype="fp8_ds_mla",
+                topk_length=None, attn_sink=None)
+    args.update(change)
+    with pytest.raises(mla_ext.MlaInputError, match=r"mla_ext\.sparse_decode_mla: .*" + re.escape(message)):
+        mla_ext.sparse_decode_mla(**args)
+
+
+def test_bad_builder_inputs():
+    with pytest.raises(mla_ext.MlaInputError, match="multiple of 128"):
+        mla_ext.sparse_compressed_indices(torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int32),
+                                          torch.zeros(1, 4, dtype=torch.int32), 16, 4, 2,
+                                          torch.empty(2, 100, dtype=torch.int32), torch.empty(2, dtype=torch.int32))
+    with pytest.raises(mla_ext.MlaInputError, match="block_table must be"):
+        mla_ext.sparse_indices_to_slots(torch.zeros(2, 1, 4, dtype=torch.int32), torch.zeros(3, 4, dtype=torch.int32), 16)
