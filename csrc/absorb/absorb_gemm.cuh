@@ -25,45 +25,17 @@
 #include "absorb/absorb_gemm.h"
 #include "common/arch.h"
 #include "common/cuda_check.h"
+#include "common/sm80.cuh"
 
 namespace mla::absorb {
 
-// ---- PTX wrappers ---------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy global -> shared; when !valid the destination is zero-filled (rows >= T).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// d += a (16x16 bf16, row) * b (16x8 bf16, col), fp32 accumulators.
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using sm80::cp_async16;
+using sm80::cp_async_commit;
+using sm80::cp_async_wait;
+using sm80::ldmatrix_x4;
+using sm80::ldmatrix_x4_trans;
+using sm80::smem_addr;
+using sm80::mma_16816;
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][row_chunks] array.
 __device__ __forceinline__ uint32_t swizzle(int row, int chunk, int row_chunks) {
@@ -214,8 +186,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) absorb_gemm_kernel(const __grid
         }
 #pragma unroll
         for (int mi = 0; mi < MT; ++mi) {
-          mma_bf16_16816(acc[mi][nj], af[mi], b[0], b[1]);
-          mma_bf16_16816(acc[mi][nj + 1], af[mi], b[2], b[3]);
+          mma_16816<__nv_bfloat16>(acc[mi][nj], af[mi], b[0], b[1]);
+          mma_16816<__nv_bfloat16>(acc[mi][nj + 1], af[mi], b[2], b[3]);
         }
       }
     }

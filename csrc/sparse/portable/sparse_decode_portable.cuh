@@ -13,7 +13,7 @@
 
 #include "common/cuda_check.h"
 #include "common/types.h"
-#include "sparse/portable/mma_sm80.cuh"
+#include "common/sm80.cuh"
 #include "sparse/sparse_decode.h"
 
 namespace mla::sparse {
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int r = i / kChunks, c = i % kChunks;
       const bool ok = h0 + r < p.h_q;
       const void* src = ok ? static_cast<const void*>(q + (h0 + r) * p.stride_q_h + 8 * c) : p.q;
-      sm80::cp_async16(sm80::smem_u32(s_q + swz<kChunks>(r, c)), src, ok);
+      sm80::cp_async16(sm80::smem_addr(s_q + swz<kChunks>(r, c)), src, ok);
     }
   };
   // One tile of gathered rows: 4 threads per row, each issues its row's chunks part, part + 4, ...
@@ -147,14 +147,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (int j = 0; j < kChunks / 4; ++j) {
         const int c = part + 4 * j;
-        sm80::cp_async16(sm80::smem_u32(dst + swz<kChunks>(r, c)), row + 16 * c, ok);
+        sm80::cp_async16(sm80::smem_addr(dst + swz<kChunks>(r, c)), row + 16 * c, ok);
       }
     } else {
 #pragma unroll
       for (int j = 0; j < (Cfg::kRawChunks + 3) / 4; ++j) {
         const int c = part + 4 * j;
         if (c < Cfg::kRawChunks) {
-          sm80::cp_async16(sm80::smem_u32(dst + r * kDsMlaRowBytes + 16 * c), row + 16 * c, ok);
+          sm80::cp_async16(sm80::smem_addr(dst + r * kDsMlaRowBytes + 16 * c), row + 16 * c, ok);
         }
       }
     }
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int h = 0; h < 2; ++h) {
             const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(words[w] >> (16 * h));
             const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-            packed[2 * w + h] = sm80::pack_bf16x2(f.x * scale, f.y * scale);
+            packed[2 * w + h] = sm80::pack2<__nv_bfloat16>(f.x * scale, f.y * scale);
           }
         }
         *reinterpret_cast<uint4*>(s_k + swz<kChunks>(r, 2 * c)) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // One 64-key tile: S = Q K^T on this warp's keys, online softmax with the row max shared
   // across the column groups, P to shared memory, O += P V on this warp's output columns.
   auto compute_tile = [&](const uint8_t* s_kt, int valid_slot) {
-    const uint32_t q_base = sm80::smem_u32(s_q), k_base = sm80::smem_u32(s_kt), p_base = sm80::smem_u32(s_p);
+    const uint32_t q_base = sm80::smem_addr(s_q), k_base = sm80::smem_addr(s_kt), p_base = sm80::smem_addr(s_p);
     float sc[Cfg::kSTiles][4];
 #pragma unroll
     for (int j = 0; j < Cfg::kSTiles; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
@@ -216,15 +216,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if constexpr (Cfg::kSTiles == 1) {
         uint32_t bk[2];
         sm80::ldmatrix_x2(bk, k_base + swz<kChunks>(key0 + lane % 8, 2 * kk + (lane / 8) % 2));
-        sm80::mma_bf16_16816(sc[0], a, bk[0], bk[1]);
+        sm80::mma_16816<__nv_bfloat16>(sc[0], a, bk[0], bk[1]);
       } else {
 #pragma unroll
         for (int n16 = 0; n16 < Cfg::kSTiles / 2; ++n16) {
           uint32_t bk[4];
           const int key = key0 + 16 * n16 + (lane / 16) * 8 + lane % 8;
           sm80::ldmatrix_x4(bk, k_base + swz<kChunks>(key, 2 * kk + (lane / 8) % 2));
-          sm80::mma_bf16_16816(sc[2 * n16], a, bk[0], bk[1]);
-          sm80::mma_bf16_16816(sc[2 * n16 + 1], a, bk[2], bk[3]);
+          sm80::mma_16816<__nv_bfloat16>(sc[2 * n16], a, bk[0], bk[1]);
+          sm80::mma_16816<__nv_bfloat16>(sc[2 * n16 + 1], a, bk[2], bk[3]);
         }
       }
     }
@@ -271,8 +271,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       l_run[1] += p2 + p3;
       const int key = key0 + 8 * j + 2 * (lane % 4);
       const uint32_t in_chunk = (key % 8) * 2;
-      *reinterpret_cast<uint32_t*>(s_p + swz<kN / 8>(r0, key / 8) + in_chunk) = sm80::pack_bf16x2(p0, p1);
-      *reinterpret_cast<uint32_t*>(s_p + swz<kN / 8>(r0 + 8, key / 8) + in_chunk) = sm80::pack_bf16x2(p2, p3);
+      *reinterpret_cast<uint32_t*>(s_p + swz<kN / 8>(r0, key / 8) + in_chunk) = sm80::pack2<__nv_bfloat16>(p0, p1);
+      *reinterpret_cast<uint32_t*>(s_p + swz<kN / 8>(r0 + 8, key / 8) + in_chunk) = sm80::pack2<__nv_bfloat16>(p2, p3);
     }
 #pragma unroll
     for (int n = 0; n < Cfg::kOTiles; ++n) {
@@ -293,8 +293,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int n16 = 0; n16 < Cfg::kOTiles / 2; ++n16) {
         uint32_t bv[4];
         sm80::ldmatrix_x4_trans(bv, k_base + swz<kChunks>(key, (col0 + 16 * n16) / 8 + lane / 16));
-        sm80::mma_bf16_16816(o[2 * n16], a, bv[0], bv[1]);
-        sm80::mma_bf16_16816(o[2 * n16 + 1], a, bv[2], bv[3]);
+        sm80::mma_16816<__nv_bfloat16>(o[2 * n16], a, bv[0], bv[1]);
+        sm80::mma_16816<__nv_bfloat16>(o[2 * n16 + 1], a, bv[2], bv[3]);
       }
     }
   };
