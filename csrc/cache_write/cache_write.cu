@@ -130,8 +130,18 @@ __device__ __forceinline__ LaneToken load_token(const CacheWriteParams& p, int64
   if (token >= p.num_tokens) return t;
   const int64_t slot = p.slot_mapping[token];
   if (slot < 0 || slot >= p.num_slots) return t;  // padding, or out of range: never write
-  t.row = static_cast<uint8_t*>(p.kv_cache) + (slot / p.block_size) * p.stride_cache_block_bytes +
-          (slot % p.block_size) * p.stride_cache_token_bytes;
+  // 64-bit division is a ~70-instruction subroutine, issued once per token by every lane; the
+  // 32-bit one is a few instructions. The branch is uniform (the cache's size).
+  int64_t block, offset;
+  if (p.num_slots <= int64_t(UINT32_MAX)) {
+    const uint32_t s32 = static_cast<uint32_t>(slot), bs32 = static_cast<uint32_t>(p.block_size);
+    block = s32 / bs32;
+    offset = s32 - static_cast<uint32_t>(block) * bs32;
+  } else {
+    block = slot / p.block_size;
+    offset = slot - block * p.block_size;
+  }
+  t.row = static_cast<uint8_t*>(p.kv_cache) + block * p.stride_cache_block_bytes + offset * p.stride_cache_token_bytes;
   const auto* kv_c = static_cast<const scalar_t*>(p.kv_c) + token * p.stride_kv_c_token;
   const auto* k_pe = static_cast<const scalar_t*>(p.k_pe) + token * p.stride_k_pe_token;
   t.kv_c[0] = load16<kVec>(kv_c + 8 * lane);
