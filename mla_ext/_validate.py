@@ -6,9 +6,14 @@ dtypes, strides, devices), so these run under FakeTensor and torch.compile too.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
+
+# Checked mode of the ops that take slots or indices (DESIGN.md §2): raise for out-of-range
+# entries instead of skipping them / treating them as invalid. Syncs with the GPU.
+CHECK_SLOTS_ENV = "MLA_EXT_CHECK_SLOTS"
 
 
 class MlaInputError(ValueError):
@@ -42,3 +47,38 @@ def check_same_device(op: str, **tensors: torch.Tensor | None) -> None:
 def check_last_dim_contiguous(t: torch.Tensor, name: str, op: str) -> None:
     if t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
         fail(op, f"{name}'s last dim must be contiguous (stride 1), got strides {tuple(t.stride())}")
+
+
+def checked_mode(checked: bool | None) -> bool:
+    """An op's ``checked`` argument; None means the environment variable ``MLA_EXT_CHECK_SLOTS``
+    (set and not "0")."""
+    if checked is None:
+        return os.environ.get(CHECK_SLOTS_ENV, "0") not in ("", "0")
+    return bool(checked)
+
+
+def raise_first_out_of_range(op: str, name: str, values: torch.Tensor, bad: torch.Tensor, limit: str,
+                             otherwise: str) -> None:
+    """Checked mode: IndexError naming the first entry of ``values`` where ``bad`` holds, if any.
+    Reads the result on the host (syncs with the GPU), so not for use inside CUDA graphs."""
+    if not bool(bad.any()):
+        return
+    first = tuple(int(i) for i in torch.nonzero(bad)[0])
+    where = ", ".join(map(str, first))
+    raise IndexError(
+        f"mla_ext.{op}: {name}[{where}] = {int(values[first])} is outside {limit}; "
+        f"{int(bad.sum())} of {bad.numel()} entries out of range. Without checked mode {otherwise}."
+    )
+
+
+def aligned16(t: torch.Tensor) -> bool:
+    """The kernels move 16-byte pieces: the base and every outer stride must be 16-byte aligned."""
+    e = t.element_size()
+    return t.data_ptr() % 16 == 0 and all((s * e) % 16 == 0 for s in t.stride()[:-1])
+
+
+def aligned_or_copy(t: torch.Tensor) -> torch.Tensor:
+    """``t`` when :func:`aligned16`, else a fresh contiguous copy (for rows of a multiple of 16
+    bytes, which all the kernels' rows are). Not ``.contiguous()``: that returns an already
+    contiguous but misaligned view (e.g. one starting at element 1) unchanged."""
+    return t if aligned16(t) else t.clone(memory_format=torch.contiguous_format)

@@ -13,7 +13,7 @@ import dataclasses
 import torch
 
 from . import reference
-from ._validate import check, check_dtype, check_last_dim_contiguous, check_same_device
+from ._validate import aligned16, aligned_or_copy, check, check_dtype, check_last_dim_contiguous, check_same_device
 from .formats import KV_LORA_RANK, LATENT_DIM, ROPE_DIM
 
 QK_NOPE_HEAD_DIM = reference.QK_NOPE_HEAD_DIM  # P
@@ -210,12 +210,6 @@ def _validate_v_up(x, w_uv, w_uv_scale, out=None) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _aligned16(t: torch.Tensor) -> bool:
-    """The kernels move 16-byte pieces: the base and every row stride must be 16-byte aligned."""
-    e = t.element_size()
-    return t.data_ptr() % 16 == 0 and all((s * e) % 16 == 0 for s in t.stride()[:-1])
-
-
 def q_absorb(
     q_nope: torch.Tensor,
     q_pe: torch.Tensor,
@@ -257,11 +251,9 @@ def q_absorb(
     """
     _validate_q_absorb(q_nope, q_pe, w_uk_t, w_uk_t_scale, out)
     if q_nope.is_cuda:
-        q_nope = q_nope if _aligned16(q_nope) else q_nope.contiguous()
-        q_pe = q_pe if _aligned16(q_pe) else q_pe.contiguous()
-        if out is not None and not _aligned16(out):
-            tmp = torch.ops.mla_ext.q_absorb(q_nope, q_pe, w_uk_t, w_uk_t_scale)
-            return out.copy_(tmp)
+        q_nope, q_pe = aligned_or_copy(q_nope), aligned_or_copy(q_pe)
+        if out is not None and not aligned16(out):  # through an aligned temporary
+            return out.copy_(torch.ops.mla_ext.q_absorb(q_nope, q_pe, w_uk_t, w_uk_t_scale))
     if out is None:
         return torch.ops.mla_ext.q_absorb(q_nope, q_pe, w_uk_t, w_uk_t_scale)
     torch.ops.mla_ext.q_absorb_out(q_nope, q_pe, w_uk_t, w_uk_t_scale, out)
@@ -286,7 +278,7 @@ def v_up(
     w_uv_scale : Tensor ``[H, 4]`` float32, optional
         Block scales, required with fp8 ``w_uv``.
     out : Tensor ``[..., H, 128]`` bfloat16 contiguous, optional
-        Written in place and returned.
+        Written in place and returned (one not 16-byte aligned goes through an aligned temporary).
 
     Returns
     -------
@@ -300,8 +292,10 @@ def v_up(
     torch.Size([2, 1, 16, 128])
     """
     _validate_v_up(x, w_uv, w_uv_scale, out)
-    if x.is_cuda and not _aligned16(x):
-        x = x.contiguous()
+    if x.is_cuda:
+        x = aligned_or_copy(x)
+        if out is not None and not aligned16(out):  # through an aligned temporary
+            return out.copy_(torch.ops.mla_ext.v_up(x, w_uv, w_uv_scale))
     if out is None:
         return torch.ops.mla_ext.v_up(x, w_uv, w_uv_scale)
     torch.ops.mla_ext.v_up_out(x, w_uv, w_uv_scale, out)

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from . import reference
-from ._validate import check, check_dtype, check_last_dim_contiguous, check_same_device, fail
+from ._validate import (
+    CHECK_SLOTS_ENV,  # noqa: F401  (re-exported: the variable that turns checked mode on)
+    check,
+    check_dtype,
+    check_last_dim_contiguous,
+    check_same_device,
+    checked_mode,
+    fail,
+    raise_first_out_of_range,
+)
 from .formats import DS_MLA_ROW_BYTES, KV_LORA_RANK, LATENT_DIM, ROPE_DIM, canonical_format
 
 _OP = "concat_and_cache_mla"
-CHECK_SLOTS_ENV = "MLA_EXT_CHECK_SLOTS"
 
 
 def _validate(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale) -> None:
@@ -59,14 +65,9 @@ def _validate(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale) -> None
 def _check_slots_in_range(kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Checked mode: raise on a slot past the cache (syncs with the GPU, so not for graphs)."""
     num_slots = kv_cache.shape[0] * kv_cache.shape[1]
-    bad = slot_mapping >= num_slots
-    if bool(bad.any()):
-        idx = int(torch.nonzero(bad)[0])
-        raise IndexError(
-            f"mla_ext.{_OP}: slot_mapping[{idx}] = {int(slot_mapping[idx])} is outside the cache "
-            f"({kv_cache.shape[0]} blocks x {kv_cache.shape[1]} = {num_slots} slots); "
-            f"{int(bad.sum())} slot(s) out of range. Without checked mode such tokens are skipped."
-        )
+    raise_first_out_of_range(_OP, "slot_mapping", slot_mapping, slot_mapping >= num_slots,
+                             f"the cache ({kv_cache.shape[0]} blocks x {kv_cache.shape[1]} = {num_slots} slots)",
+                             "such tokens are skipped")
 
 
 def concat_and_cache_mla(
@@ -113,9 +114,7 @@ def concat_and_cache_mla(
     >>> mla_ext.concat_and_cache_mla(kv_c, k_pe, cache, torch.tensor([5, -1, 17]), "fp8_ds_mla")
     """
     _validate(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
-    if checked is None:
-        checked = os.environ.get(CHECK_SLOTS_ENV, "0") not in ("", "0")
-    if checked:
+    if checked_mode(checked):
         _check_slots_in_range(kv_cache, slot_mapping)
     torch.ops.mla_ext.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
 

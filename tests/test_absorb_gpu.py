@@ -129,3 +129,32 @@ def test_cuda_graph_replay():
     torch.cuda.synchronize()
     assert_close(q_lat, reference.q_absorb(q[..., :P].float(), q[..., P:].float(), w.w_uk_t), name="graph q", **TOL)
     assert_close(o, reference.v_up(x.float(), w.w_uv), name="graph v", **TOL)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_misaligned_contiguous_views(fp8):
+    """Contiguous views starting at element 1 (.contiguous() returns them unchanged): the wrappers
+    copy the inputs and write out= through an aligned temporary; torch.ops raises clearly."""
+    t, h = 24, 16
+    w = _weights(h, fp8)
+
+    def odd(*shape, fill=None):
+        n = math.prod(shape)
+        flat = torch.randn(1 + n, device="cuda", dtype=torch.bfloat16) if fill is None else \
+            torch.full((1 + n,), fill, device="cuda", dtype=torch.bfloat16)
+        v = flat[1:].view(shape)
+        assert v.is_contiguous() and v.data_ptr() % 16 != 0
+        return v
+
+    q_nope, q_pe, out = odd(t, h, P), odd(t, h, R), odd(t, h, L + R, fill=float("nan"))
+    ref = reference.q_absorb(q_nope.float(), q_pe.float(), w.w_uk_t)
+    assert_close(mla_ext.q_absorb(q_nope, q_pe, *w.uk(fp8)), ref, name="q_absorb odd inputs", **TOL)
+    assert mla_ext.q_absorb(q_nope, q_pe, *w.uk(fp8), out=out) is out
+    assert_close(out, ref, name="q_absorb odd out=", **TOL)
+    x, o = odd(t, h, L), odd(t, h, V, fill=float("nan"))
+    ref = reference.v_up(x.float(), w.w_uv)
+    assert_close(mla_ext.v_up(x, *w.uv(fp8)), ref, name="v_up odd x", **TOL)
+    assert mla_ext.v_up(x, *w.uv(fp8), out=o) is o
+    assert_close(o, ref, name="v_up odd out=", **TOL)
+    with pytest.raises(RuntimeError, match="16-byte boundary"):
+        torch.ops.mla_ext.v_up_out(x.clone(), *w.uv(fp8), o)

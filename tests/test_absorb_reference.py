@@ -264,3 +264,18 @@ def test_single_head_weights():
     for fp8 in (False, True):
         assert mla_ext.q_absorb(q[..., :P], q[..., P:], *w.uk(fp8)).shape == (2, 1, L + R)
         assert mla_ext.v_up(torch.randn(2, 1, L, dtype=torch.bfloat16), *w.uv(fp8)).shape == (2, 1, V)
+
+
+def test_aligned_or_copy():
+    """The wrappers' fallback for unaligned views is a real copy: .contiguous() returns a
+    contiguous view that starts at element 1 unchanged (still misaligned)."""
+    from mla_ext._validate import aligned16, aligned_or_copy
+
+    v = torch.randn(1 + 4 * 2 * 128, dtype=torch.bfloat16)[1:].view(4, 2, 128)
+    assert v.is_contiguous() and not aligned16(v) and v.contiguous().data_ptr() == v.data_ptr()
+    c = aligned_or_copy(v)
+    assert aligned16(c) and c.is_contiguous() and torch.equal(c, v) and c.data_ptr() != v.data_ptr()
+    strided = torch.randn(4, 2, 132, dtype=torch.bfloat16)[..., 1:129]  # odd base and row stride
+    assert not aligned16(strided) and aligned16(aligned_or_copy(strided))
+    a = torch.randn(4, 2, 128, dtype=torch.bfloat16)
+    assert aligned_or_copy(a) is a

@@ -22,7 +22,7 @@ bool aligned16(const Tensor& t) {
 void check_aligned(const Tensor& t, const char* name, const char* op) {
   MLA_ARG_CHECK(aligned16(t), op,
                 name << " (" << shape_str(t) << ") must start on a 16-byte boundary and have row strides that are "
-                        "multiples of 8 elements (the Python wrapper copies other views first)");
+                        "multiples of 8 elements (mla_ext.q_absorb / mla_ext.v_up go through aligned copies instead)");
 }
 
 // Weight [H, 128, 512] bf16 or e4m3 in the row-major layout of its kv_b_proj rows (strides
