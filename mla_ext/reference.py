@@ -310,20 +310,28 @@ def sink_factor(lse: torch.Tensor, attn_sink: torch.Tensor) -> torch.Tensor:
     return torch.where(lse == float("-inf"), 0.0, factor)
 
 
+def _positions_to_slots(table_rows: torch.Tensor, pos: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Global slot of each position ``pos [N, K]`` through block-table row ``table_rows[n]`` (int64).
+    -1 for a negative position, one past the table, a negative (unassigned) table entry, or a
+    slot past int32 (the indices' type: narrowing would wrap it to a valid-looking slot)."""
+    if table_rows.shape[1] == 0:
+        return torch.full_like(pos, -1)
+    page = torch.div(pos, block_size, rounding_mode="floor")
+    ok = (pos >= 0) & (page < table_rows.shape[1])
+    block = torch.gather(table_rows.long(), 1, torch.where(ok, page, torch.zeros_like(page)))
+    slots = block * block_size + pos % block_size
+    ok &= (block >= 0) & (slots <= torch.iinfo(torch.int32).max)
+    return torch.where(ok, slots, torch.full_like(slots, -1))
+
+
 def sparse_indices_to_slots(local_indices: torch.Tensor, block_table: torch.Tensor, block_size: int) -> torch.Tensor:
     """Local top-k token positions ``[b, s_q, topk]`` (-1 padded) -> global cache slots through
     request i's ``block_table[i]``: ``block_table[i, p // block_size] * block_size + p %
-    block_size``. Negative positions, positions past the block table and negative block-table
-    entries give -1. int32."""
-    b, _, _ = local_indices.shape
-    pos = local_indices.long()
-    page = torch.div(pos, block_size, rounding_mode="floor")
-    ok = (pos >= 0) & (page < block_table.shape[1])
-    page_safe = torch.where(ok, page, torch.zeros_like(page))
-    block = torch.gather(block_table.long().unsqueeze(1).expand(b, pos.shape[1], -1), 2, page_safe)
-    ok &= block >= 0
-    slots = block * block_size + pos % block_size
-    return torch.where(ok, slots, torch.full_like(slots, -1)).to(torch.int32)
+    block_size``. Negative positions, positions past the block table, negative block-table
+    entries and slots past int32 give -1. int32."""
+    b = local_indices.shape[0]
+    slots = _positions_to_slots(block_table, local_indices.long().reshape(b, -1), block_size)
+    return slots.view(local_indices.shape).to(torch.int32)
 
 
 def sparse_compressed_indices(
@@ -340,22 +348,24 @@ def sparse_compressed_indices(
     Token t (at ``positions[t]`` of request ``token_to_req[t]``) sees the ``n = (positions[t] + 1)
     // compress_ratio`` compressed entries ``0 .. n-1`` of its request. Decode tokens (``t <
     num_decode_tokens``) get them as global slots of the compressed cache through the block table
-    (-1 where the table has no page); prefill tokens get the local indices ``0 .. n-1``. Rows are
-    -1 padded to ``width``; entries past ``width`` are dropped. Returns ``indices int32 [T,
-    width]`` and ``lengths int32 [T] = min(n, width)``.
+    (-1 where the table has no page or the slot is past int32); prefill tokens get the local
+    indices ``0 .. n-1`` and never read the table. A token whose ``token_to_req`` is outside ``[0,
+    num_requests)`` (CUDA-graph padding, e.g. -1) is padding: ``n = 0``. Rows are -1 padded to
+    ``width``; entries past ``width`` are dropped. Returns ``indices int32 [T, width]`` and
+    ``lengths int32 [T] = min(n, width)``.
     """
     num_tokens = positions.shape[0]
+    req = token_to_req.long()
+    is_request = (req >= 0) & (req < block_table.shape[0])
     n = torch.clamp(torch.div(positions.long() + 1, compress_ratio, rounding_mode="floor"), min=0)
+    n = torch.where(is_request, n, torch.zeros_like(n))
     lengths = torch.clamp(n, max=width)
     j = torch.arange(width, device=positions.device).view(1, -1).expand(num_tokens, -1)
     inside = j < n.view(-1, 1)
-    is_decode = (torch.arange(num_tokens, device=positions.device) < num_decode_tokens).view(-1, 1)
-    rows = block_table.long()[token_to_req.long()]  # [T, max_blocks]
-    page = torch.div(j, block_size, rounding_mode="floor")
-    on_table = page < rows.shape[1]
-    block = torch.gather(rows, 1, torch.where(on_table, page, torch.zeros_like(page)))
-    slot_ok = on_table & (block >= 0)
-    slots = torch.where(slot_ok, block * block_size + j % block_size, torch.full_like(j, -1))
-    values = torch.where(is_decode, slots, j)
+    values = j.clone()  # prefill tokens: local indices
+    d = num_decode_tokens
+    if d > 0 and block_table.shape[0] > 0:  # (no request: every token is padding)
+        rows = block_table[torch.where(is_request[:d], req[:d], torch.zeros_like(req[:d]))]  # [d, max_blocks]
+        values[:d] = _positions_to_slots(rows, j[:d], block_size)
     indices = torch.where(inside, values, torch.full_like(values, -1))
     return indices.to(torch.int32), lengths.to(torch.int32)

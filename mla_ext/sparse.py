@@ -181,8 +181,8 @@ def sparse_indices_to_slots(
     Returns
     -------
     Tensor ``[b, s_q, topk]`` int32: ``block_table[i, p // block_size] * block_size + p %
-    block_size``, or -1 for a negative position, one past the block table or on an unassigned
-    page. On a GPU one elementwise kernel, no host sync.
+    block_size``, or -1 for a negative position, one past the block table, on an unassigned
+    page, or a slot past int32. On a GPU one elementwise kernel, no host sync.
     """
     if out is None:
         out = torch.empty(local_indices.shape, dtype=torch.int32, device=local_indices.device)
@@ -241,11 +241,13 @@ def sparse_compressed_indices(
     ``num_decode_tokens``) get them as global slots of the compressed cache through
     ``block_table`` (-1 on an unassigned page), ready for :func:`sparse_decode_mla`; prefill
     tokens get the local indices ``0 .. n-1`` (into their request's gathered compressed rows).
+    A token whose ``token_to_req`` is outside ``[0, num_requests)`` (e.g. -1 for CUDA-graph
+    padding) is a padding token: length 0, row all -1, the block table is not read for it.
 
     Parameters
     ----------
     positions : Tensor ``[T]`` int64
-    token_to_req : Tensor ``[T]`` int32, the block-table row of each token
+    token_to_req : Tensor ``[T]`` int32, the block-table row of each token (others: padding)
     block_table : Tensor ``[num_requests, max_blocks]`` int32, pages of the compressed cache
     block_size, compress_ratio, num_decode_tokens : int
     indices : Tensor ``[T, width]`` int32, written in place

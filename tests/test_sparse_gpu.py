@@ -191,3 +191,33 @@ def test_small_for_sanitizer(fmt):
     q, cache, idx, _ = _case(2, 2, 20, 130, 61, fmt, pad_pages=True)
     tl = torch.tensor([130, 70], dtype=torch.int32, device="cuda")
     _check(q, cache, idx, fmt, tl, torch.randn(20, device="cuda"))
+
+
+# ---- review fixes: padding tokens, int32 limits, empty caches, alignment, checked mode ----------
+
+
+def test_index_builders_padding_and_int32_limits_gpu():
+    """Kernel == reference for padding tokens (token_to_req -1 / past the table: length 0, row -1,
+    the table row is not read) and for slots past int32 (-1, not a wrapped slot)."""
+    last = (2**31 - 16) // 16  # its slots end exactly at INT32_MAX
+    table = torch.randperm(400, device="cuda", dtype=torch.int32)[:300].view(6, 50)
+    table[2, 20:] = -1
+    table[3, :4] = torch.tensor([last, last + 1, 2**31 - 1, last - 1], dtype=torch.int32)
+    local = torch.randint(-3, 50 * 16 + 40, (6, 2, 512), dtype=torch.int32, device="cuda")
+    local[3, :, :64] = torch.arange(64, dtype=torch.int32, device="cuda")
+    slots = mla_ext.sparse_indices_to_slots(local, table, 16)
+    want = reference.sparse_indices_to_slots(local, table, 16)
+    assert torch.equal(slots, want)
+    assert want[3, 0, 15] == 2**31 - 1 and (want[3, 0, 16:48] == -1).all()
+    positions = torch.randint(-2, 3000, (37,), device="cuda")
+    positions[:4] = 400
+    req = torch.randint(0, 6, (37,), dtype=torch.int32, device="cuda")
+    req[:4] = torch.tensor([3, -1, 6, 2**31 - 1], dtype=torch.int32)
+    req[30:] = -1  # padding among the prefill tokens too
+    for table_rows in (table, table[:0]):
+        indices = torch.full((37, 768), 7, dtype=torch.int32, device="cuda")
+        lengths = torch.full((37,), 7, dtype=torch.int32, device="cuda")
+        mla_ext.sparse_compressed_indices(positions, req, table_rows, 16, 4, 20, indices, lengths)
+        ref_i, ref_l = reference.sparse_compressed_indices(positions, req, table_rows, 16, 4, 20, 768)
+        assert torch.equal(indices, ref_i) and torch.equal(lengths, ref_l)
+        assert (lengths[1:4] == 0).all() and (lengths[30:] == 0).all() and (indices[30:] == -1).all()

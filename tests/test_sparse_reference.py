@@ -178,3 +178,39 @@ def test_bad_builder_inputs():
                                           torch.empty(2, 100, dtype=torch.int32), torch.empty(2, dtype=torch.int32))
     with pytest.raises(mla_ext.MlaInputError, match="block_table must be"):
         mla_ext.sparse_indices_to_slots(torch.zeros(2, 1, 4, dtype=torch.int32), torch.zeros(3, 4, dtype=torch.int32), 16)
+
+
+# ---- review fixes: padding tokens, int32 limits, empty caches, checked mode --------------------
+
+
+def test_compressed_indices_padding_tokens():
+    """token_to_req outside [0, num_requests) (CUDA-graph padding) gives length 0 and a -1 row,
+    for decode and prefill tokens; -1 no longer wraps to the last row, 99 no longer raises."""
+    table = torch.randperm(60, dtype=torch.int32)[:48].view(4, 12)
+    positions = torch.tensor([40, 40, 40, 40, 40, 40], dtype=torch.int64)
+    req = torch.tensor([3, -1, 99, 4, 1, -1], dtype=torch.int32)  # decode: 0..3, prefill: 4..5
+    indices = torch.empty(6, 128, dtype=torch.int32)
+    lengths = torch.empty(6, dtype=torch.int32)
+    mla_ext.sparse_compressed_indices(positions, req, table, 16, 4, 4, indices, lengths)
+    assert lengths.tolist() == [10, 0, 0, 0, 10, 0]
+    assert (indices[[1, 2, 3, 5]] == -1).all()
+    assert indices[0, :10].tolist() == [int(table[3, 0]) * 16 + j for j in range(10)]
+    assert indices[4, :10].tolist() == list(range(10)) and (indices[[0, 4], 10:] == -1).all()
+    # no request at all: every token is padding
+    ref_i, ref_l = reference.sparse_compressed_indices(positions, req, table[:0], 16, 4, 4, 128)
+    assert (ref_l == 0).all() and (ref_i == -1).all()
+
+
+def test_slots_past_int32_are_invalid():
+    """block * block_size + offset past int32 gives -1 (it used to wrap to a valid-looking slot)."""
+    last = (2**31 - 16) // 16  # its slots end exactly at INT32_MAX
+    table = torch.tensor([[last, last + 1, 2**31 - 1]], dtype=torch.int32)
+    local = torch.tensor([[[15, 16, 17, 32, 0]]], dtype=torch.int32)
+    slots = mla_ext.sparse_indices_to_slots(local, table, 16)
+    assert slots.tolist() == [[[2**31 - 1, -1, -1, -1, last * 16]]]
+    indices = torch.empty(1, 128, dtype=torch.int32)
+    lengths = torch.empty(1, dtype=torch.int32)
+    mla_ext.sparse_compressed_indices(torch.tensor([4 * 40 - 1]), torch.tensor([0], dtype=torch.int32), table, 16, 4, 1,
+                                      indices, lengths)
+    assert int(lengths[0]) == 40
+    assert indices[0, :16].tolist() == [last * 16 + j for j in range(16)] and (indices[0, 16:] == -1).all()

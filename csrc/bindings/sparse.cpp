@@ -185,6 +185,7 @@ void sparse_compressed_indices(Tensor positions, Tensor token_to_req, Tensor blo
   params.indices = static_cast<int32_t*>(indices.data_ptr());
   params.lengths = static_cast<int32_t*>(lengths.data_ptr());
   params.num_tokens = num_tokens;
+  params.num_requests = block_table.size(0);
   params.num_decode_tokens = num_decode_tokens;
   params.stride_block_table = block_table.stride(0);
   params.stride_indices = indices.stride(0);

@@ -11,14 +11,16 @@ namespace {
 constexpr int kThreads = 256;
 
 // Global slot of position pos through one block-table row; -1 when pos is negative, past the
-// table, or its page is unassigned (negative entry).
+// table, its page is unassigned (negative entry), or the slot does not fit the int32 indices
+// (narrowing would wrap it to a valid-looking slot).
 __device__ __forceinline__ int32_t position_to_slot(int64_t pos, const int32_t* table_row, int max_blocks, int block_size) {
   if (pos < 0) return -1;
   const int64_t page = pos / block_size;
   if (page >= max_blocks) return -1;
   const int32_t block = table_row[page];
   if (block < 0) return -1;
-  return static_cast<int32_t>(int64_t(block) * block_size + pos % block_size);
+  const int64_t slot = int64_t(block) * block_size + pos % block_size;
+  return slot <= INT32_MAX ? static_cast<int32_t>(slot) : -1;
 }
 
 __global__ void __launch_bounds__(kThreads) indices_to_slots_kernel(const __grid_constant__ SparseIndicesToSlotsParams p) {
@@ -32,15 +34,17 @@ __global__ void __launch_bounds__(kThreads) indices_to_slots_kernel(const __grid
 __global__ void __launch_bounds__(kThreads) compressed_indices_kernel(const __grid_constant__ SparseCompressedIndicesParams p) {
   const int64_t t = blockIdx.x;
   const int j = blockIdx.y * kThreads + threadIdx.x;
+  // A token without a valid request (CUDA-graph padding, e.g. -1) is padding: length 0, row -1.
+  const int64_t req = p.token_to_req[t];
+  const bool padding = req < 0 || req >= p.num_requests;
   const int64_t q = (p.positions[t] + 1) / p.compress_ratio;
-  const int64_t n = q > 0 ? q : 0;  // C division: -k/r -> <= 0
+  const int64_t n = q > 0 && !padding ? q : 0;  // C division: -k/r -> <= 0
   if (j == 0) p.lengths[t] = static_cast<int32_t>(n < p.width ? n : p.width);
   if (j >= p.width) return;
   int32_t value = -1;
   if (j < n) {
     value = t < p.num_decode_tokens
-                ? position_to_slot(j, p.block_table + int64_t(p.token_to_req[t]) * p.stride_block_table, p.max_blocks,
-                                   p.block_size)
+                ? position_to_slot(j, p.block_table + req * p.stride_block_table, p.max_blocks, p.block_size)
                 : j;
   }
   p.indices[t * p.stride_indices + j] = value;

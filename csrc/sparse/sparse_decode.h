@@ -66,11 +66,12 @@ void run_sparse_indices_to_slots(const SparseIndicesToSlotsParams& params);
 
 struct SparseCompressedIndicesParams {
   const int64_t* __restrict__ positions;     // [T] int64 position of each query token
-  const int32_t* __restrict__ token_to_req;  // [T] int32 row of block_table
+  const int32_t* __restrict__ token_to_req;  // [T] int32 row of block_table; outside [0, num_requests): padding token
   const int32_t* __restrict__ block_table;   // [R, max_blocks] int32 (compressed cache pages)
   int32_t* __restrict__ indices;             // [T, width] int32 out, row stride below
   int32_t* __restrict__ lengths;             // [T] int32 out
   int64_t num_tokens;
+  int64_t num_requests;                      // block_table.size(0)
   int64_t num_decode_tokens;                 // tokens [0, this) get global slots, the rest local indices
   int64_t stride_block_table;
   int64_t stride_indices;
