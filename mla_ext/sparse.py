@@ -12,6 +12,13 @@ _DECODE = "sparse_decode_mla"
 _SLOTS = "sparse_indices_to_slots"
 _COMPRESSED = "sparse_compressed_indices"
 MAX_S_Q = 16
+INT32_MAX = 2**31 - 1
+MAX_TOPK = INT32_MAX - 64  # the kernels hold topk in int and round it up to 64-key tiles
+
+
+def _check_int32_param(value, name: str, op: str) -> None:
+    """block_size and compress_ratio are ints in the kernels: a larger value would wrap (2^32 -> 0)."""
+    check(isinstance(value, int) and 1 <= value <= INT32_MAX, op, f"{name} must be an int in [1, {INT32_MAX}], got {value}")
 
 
 def _validate_decode(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_length, attn_sink) -> None:
@@ -42,6 +49,7 @@ def _validate_decode(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_l
     check_dtype(indices, "indices", (torch.int32,), _DECODE)
     check(indices.dim() == 3 and tuple(indices.shape[:2]) == (b, s_q) and indices.shape[2] >= 1, _DECODE,
           f"indices must be [b, s_q, topk] = [{b}, {s_q}, topk >= 1], got {list(indices.shape)}")
+    check(indices.shape[2] <= MAX_TOPK, _DECODE, f"topk (indices.shape[2]) must be <= {MAX_TOPK}, got {indices.shape[2]}")
     check_last_dim_contiguous(indices, "indices", _DECODE)
     check(isinstance(softmax_scale, (int, float)), _DECODE, f"softmax_scale must be a float, got {type(softmax_scale)}")
     if topk_length is not None:
@@ -155,7 +163,7 @@ def _validate_slots(local_indices, block_table, block_size, slots) -> None:
     check(block_table.dim() == 2 and block_table.shape[0] == local_indices.shape[0], _SLOTS,
           f"block_table must be [b, max_blocks] with b = {local_indices.shape[0]}, got {list(block_table.shape)}")
     check_last_dim_contiguous(block_table, "block_table", _SLOTS)
-    check(isinstance(block_size, int) and block_size >= 1, _SLOTS, f"block_size must be an int >= 1, got {block_size}")
+    _check_int32_param(block_size, "block_size", _SLOTS)
     check_dtype(slots, "slots", (torch.int32,), _SLOTS)
     check(slots.shape == local_indices.shape and slots.is_contiguous(), _SLOTS,
           f"slots must be a contiguous int32 tensor of local_indices' shape {list(local_indices.shape)}, "
@@ -210,9 +218,8 @@ def _validate_compressed(positions, token_to_req, block_table, block_size, compr
     check_dtype(block_table, "block_table", (torch.int32,), _COMPRESSED)
     check(block_table.dim() == 2, _COMPRESSED, f"block_table must be [num_requests, max_blocks], got {list(block_table.shape)}")
     check_last_dim_contiguous(block_table, "block_table", _COMPRESSED)
-    check(isinstance(block_size, int) and block_size >= 1, _COMPRESSED, f"block_size must be an int >= 1, got {block_size}")
-    check(isinstance(compress_ratio, int) and compress_ratio >= 1, _COMPRESSED,
-          f"compress_ratio must be an int >= 1, got {compress_ratio}")
+    _check_int32_param(block_size, "block_size", _COMPRESSED)
+    _check_int32_param(compress_ratio, "compress_ratio", _COMPRESSED)
     check(isinstance(num_decode_tokens, int) and 0 <= num_decode_tokens <= num_tokens, _COMPRESSED,
           f"num_decode_tokens must be in [0, {num_tokens}], got {num_decode_tokens}")
     check_dtype(indices, "indices", (torch.int32,), _COMPRESSED)

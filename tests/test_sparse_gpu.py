@@ -221,3 +221,24 @@ def test_index_builders_padding_and_int32_limits_gpu():
         ref_i, ref_l = reference.sparse_compressed_indices(positions, req, table_rows, 16, 4, 20, 768)
         assert torch.equal(indices, ref_i) and torch.equal(lengths, ref_l)
         assert (lengths[1:4] == 0).all() and (lengths[30:] == 0).all() and (indices[30:] == -1).all()
+
+
+def test_int32_limits_raise_gpu():
+    """block_size / compress_ratio past int32 and a topk past int32 - 64 are refused by the
+    binding (direct torch.ops callers), with messages naming them."""
+    local = torch.zeros(1, 1, 4, dtype=torch.int32, device="cuda")
+    table = torch.zeros(1, 4, dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match=r"block_size must be in \[1, 2147483647\], got 4294967296"):
+        torch.ops.mla_ext.sparse_indices_to_slots(local, table, 2**32, torch.empty_like(local))
+    args = (torch.zeros(2, dtype=torch.int64, device="cuda"), torch.zeros(2, dtype=torch.int32, device="cuda"), table)
+    bufs = (torch.empty(2, 128, dtype=torch.int32, device="cuda"), torch.empty(2, dtype=torch.int32, device="cuda"))
+    with pytest.raises(RuntimeError, match=r"block_size must be in \[1, 2147483647\], got 4294967296"):
+        torch.ops.mla_ext.sparse_compressed_indices(*args, 2**32, 4, 2, *bufs)
+    with pytest.raises(RuntimeError, match=r"compress_ratio must be in \[1, 2147483647\], got 4294967296"):
+        torch.ops.mla_ext.sparse_compressed_indices(*args, 16, 2**32, 2, *bufs)
+    q = torch.zeros(1, 1, 16, 576, dtype=torch.bfloat16, device="cuda")
+    cache = torch.zeros(4, 16, 576, dtype=torch.bfloat16, device="cuda")
+    huge = torch.empty(1, 1, 2**31 - 64, dtype=torch.int32, device="cuda")  # 8 GiB, never read
+    with pytest.raises(RuntimeError, match=r"topk \(indices.size\(2\)\) must be <= 2147483583, got 2147483584"):
+        torch.ops.mla_ext.sparse_decode_mla(q, cache, huge, 0.1, "auto", None, None)
+    del huge

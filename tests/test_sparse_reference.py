@@ -214,3 +214,35 @@ def test_slots_past_int32_are_invalid():
                                       indices, lengths)
     assert int(lengths[0]) == 40
     assert indices[0, :16].tolist() == [last * 16 + j for j in range(16)] and (indices[0, 16:] == -1).all()
+
+
+@pytest.mark.parametrize("name", ["block_size", "compress_ratio"])
+@pytest.mark.parametrize("value", [0, 2**31, 2**32])
+def test_int32_parameters_are_range_checked(name, value):
+    args = dict(block_size=16, compress_ratio=4)
+    args[name] = value
+    with pytest.raises(mla_ext.MlaInputError, match=rf"{name} must be an int in \[1, 2147483647\], got {value}"):
+        mla_ext.sparse_compressed_indices(torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int32),
+                                          torch.zeros(1, 4, dtype=torch.int32), args["block_size"],
+                                          args["compress_ratio"], 2, torch.empty(2, 128, dtype=torch.int32),
+                                          torch.empty(2, dtype=torch.int32))
+    if name == "block_size":
+        with pytest.raises(mla_ext.MlaInputError, match=r"block_size must be an int in \[1, 2147483647\]"):
+            mla_ext.sparse_indices_to_slots(torch.zeros(1, 1, 4, dtype=torch.int32), torch.zeros(1, 4, dtype=torch.int32),
+                                            value)
+    # the largest allowed value works
+    out = mla_ext.sparse_indices_to_slots(torch.tensor([[[5, -1]]], dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32),
+                                          2**31 - 1)
+    assert out.tolist() == [[[5, -1]]]
+
+
+def test_topk_limit():
+    """topk past int32 (minus a tile) is refused before any work (meta tensors: no memory)."""
+    from mla_ext.sparse import MAX_TOPK
+    assert MAX_TOPK == 2**31 - 65
+    q = torch.empty(1, 1, 4, 576, dtype=torch.bfloat16, device="meta")
+    cache = torch.empty(4, 16, 656, dtype=torch.uint8, device="meta")
+    with pytest.raises(mla_ext.MlaInputError, match=rf"topk \(indices.shape\[2\]\) must be <= {MAX_TOPK}, got {2**31}"):
+        mla_ext.sparse_decode_mla(q, cache, torch.empty(1, 1, 2**31, dtype=torch.int32, device="meta"), 0.1)
+    out, lse = mla_ext.sparse_decode_mla(q, cache, torch.empty(1, 1, MAX_TOPK, dtype=torch.int32, device="meta"), 0.1)
+    assert out.shape == (1, 1, 4, 512) and lse.shape == (1, 4, 1)

@@ -1,6 +1,7 @@
 // torch.ops.mla_ext sparse top-k decode and its index builders: schemas and CUDA
 // implementations. The CPU implementations are the reference (mla_ext/reference.py), registered
 // from Python (mla_ext/sparse.py).
+#include <cstdint>
 #include <tuple>
 #include <vector>
 
@@ -15,6 +16,11 @@ constexpr const char* kSlotsOp = "sparse_indices_to_slots";
 constexpr const char* kCompressedOp = "sparse_compressed_indices";
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The kernels hold these in int: a larger value would wrap (2^32 -> 0, a division by zero).
+void check_int32_param(int64_t value, const char* name, const char* op) {
+  MLA_ARG_CHECK(value >= 1 && value <= INT32_MAX, op, name << " must be in [1, " << INT32_MAX << "], got " << value);
+}
 
 std::tuple<Tensor, Tensor> sparse_decode_mla(Tensor q, Tensor kv_cache, Tensor indices, double softmax_scale,
                                              std::string kv_cache_dtype, std::optional<Tensor> topk_length,
@@ -60,6 +66,8 @@ std::tuple<Tensor, Tensor> sparse_decode_mla(Tensor q, Tensor kv_cache, Tensor i
   MLA_ARG_CHECK(indices.dim() == 3 && indices.size(0) == b && indices.size(1) == s_q && indices.size(2) >= 1, kDecodeOp,
                 "indices must be [b, s_q, topk] = [" << b << ", " << s_q << ", topk >= 1], got " << shape_str(indices));
   MLA_ARG_CHECK(indices.stride(2) == 1, kDecodeOp, "indices' last dim must be contiguous");
+  MLA_ARG_CHECK(indices.size(2) <= kSparseMaxTopk, kDecodeOp,
+                "topk (indices.size(2)) must be <= " << kSparseMaxTopk << ", got " << indices.size(2));
   const int32_t* topk_length_ptr = nullptr;
   if (topk_length.has_value()) {
     check_cuda(*topk_length, "topk_length", kDecodeOp, device);
@@ -125,7 +133,7 @@ void sparse_indices_to_slots(Tensor local_indices, Tensor block_table, int64_t b
   check_cuda(local_indices, "local_indices", kSlotsOp, device);
   check_cuda(block_table, "block_table", kSlotsOp, device);
   check_cuda(slots, "slots", kSlotsOp, device);
-  MLA_ARG_CHECK(block_size >= 1, kSlotsOp, "block_size must be >= 1, got " << block_size);
+  check_int32_param(block_size, "block_size", kSlotsOp);
   MLA_ARG_CHECK(local_indices.scalar_type() == ScalarType::Int && local_indices.dim() == 3 && local_indices.is_contiguous(),
                 kSlotsOp, "local_indices must be a contiguous int32 [b, s_q, topk], got " << shape_str(local_indices));
   MLA_ARG_CHECK(block_table.scalar_type() == ScalarType::Int && block_table.dim() == 2 && block_table.stride(1) == 1 &&
@@ -158,8 +166,8 @@ void sparse_compressed_indices(Tensor positions, Tensor token_to_req, Tensor blo
   check_cuda(block_table, "block_table", kCompressedOp, device);
   check_cuda(indices, "indices", kCompressedOp, device);
   check_cuda(lengths, "lengths", kCompressedOp, device);
-  MLA_ARG_CHECK(block_size >= 1 && compress_ratio >= 1, kCompressedOp,
-                "block_size and compress_ratio must be >= 1, got " << block_size << " and " << compress_ratio);
+  check_int32_param(block_size, "block_size", kCompressedOp);
+  check_int32_param(compress_ratio, "compress_ratio", kCompressedOp);
   MLA_ARG_CHECK(positions.scalar_type() == ScalarType::Long && positions.dim() == 1 && positions.stride(0) == 1,
                 kCompressedOp, "positions must be a contiguous int64 [T], got " << shape_str(positions));
   const int64_t num_tokens = positions.size(0);

@@ -60,6 +60,8 @@ void launch_portable(const SparseDecodeParams& p, int max_smem) {
 void plan_sparse_decode(SparseDecodeParams& p, int device) {
   const DeviceInfo& info = device_info(device);
   constexpr int kTileKeys = 64;
+  MLA_HOST_CHECK(p.topk >= 1 && p.topk <= kSparseMaxTopk,
+                 "sparse decode needs 1 <= topk <= " + std::to_string(kSparseMaxTopk));
   const int total_tiles = std::max(1, (p.topk + kTileKeys - 1) / kTileKeys);
   const int64_t ctas = int64_t(p.batch) * p.s_q * ((p.h_q + sparse::head_tile(p.h_q) - 1) / sparse::head_tile(p.h_q));
   // One CTA per SM (the kernel uses most of shared memory). Split the top-k list only when the

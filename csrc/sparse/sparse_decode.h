@@ -11,6 +11,9 @@
 
 namespace mla {
 
+// Largest top-k list: the kernels hold topk in int and round it up to 64-key tiles.
+constexpr int64_t kSparseMaxTopk = INT32_MAX - 64;
+
 struct SparseDecodeParams {
   const void* __restrict__ q;                // [b, s_q, h_q, 576] bf16, strides below, last dim contiguous
   const void* __restrict__ kv_cache;         // [num_blocks, block_size, row]: bf16 row 576 (auto) or uint8 656 (fp8_ds_mla)
