@@ -283,6 +283,9 @@ def sparse_decode_mla(
     """
     b, s_q, h_q, _ = q.shape
     num_blocks, block_size = kv_cache.shape[0], kv_cache.shape[1]
+    if num_blocks * block_size == 0:  # an empty cache: no entry is valid (and no row to gather)
+        out = q.new_zeros(b, s_q, h_q, KV_LORA_RANK)
+        return out, torch.full((b, h_q, s_q), float("-inf"), dtype=torch.float32, device=q.device)
     valid = sparse_index_validity(indices, num_blocks * block_size, topk_length)  # [b, s_q, topk]
     # Gather through a safe slot (0) for invalid entries, then zero those rows: the masked
     # values never reach the result, even when the slot holds NaN.

@@ -242,3 +242,15 @@ def test_int32_limits_raise_gpu():
     with pytest.raises(RuntimeError, match=r"topk \(indices.size\(2\)\) must be <= 2147483583, got 2147483584"):
         torch.ops.mla_ext.sparse_decode_mla(q, cache, huge, 0.1, "auto", None, None)
     del huge
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", [(4, 0), (0, 16)], ids=["block_size0", "blocks0"])
+def test_empty_cache_gpu(fmt, shape):
+    row, dtype = (656, torch.uint8) if fmt == "fp8_ds_mla" else (576, torch.bfloat16)
+    cache = torch.empty(*shape, row, dtype=dtype, device="cuda")
+    q = torch.randn(2, 2, 16, 576, dtype=torch.bfloat16, device="cuda")
+    idx = torch.tensor([0, -1, 7, 2**31 - 1], dtype=torch.int32, device="cuda").repeat(2, 2, 1)
+    out, lse = mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt, attn_sink=torch.randn(16, device="cuda"))
+    torch.cuda.synchronize()
+    assert (out == 0).all() and (lse == -math.inf).all()

@@ -246,3 +246,16 @@ def test_topk_limit():
         mla_ext.sparse_decode_mla(q, cache, torch.empty(1, 1, 2**31, dtype=torch.int32, device="meta"), 0.1)
     out, lse = mla_ext.sparse_decode_mla(q, cache, torch.empty(1, 1, MAX_TOPK, dtype=torch.int32, device="meta"), 0.1)
     assert out.shape == (1, 1, 4, 512) and lse.shape == (1, 4, 1)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "auto"])
+@pytest.mark.parametrize("shape", [(4, 0), (0, 16)], ids=["block_size0", "blocks0"])
+def test_empty_cache(fmt, shape):
+    row, dtype = (656, torch.uint8) if fmt == "fp8_ds_mla" else (576, torch.bfloat16)
+    cache = torch.empty(*shape, row, dtype=dtype)
+    q = torch.randn(2, 3, 5, 576, dtype=torch.bfloat16)
+    idx = torch.tensor([0, -1, 7, 2**31 - 1], dtype=torch.int32).repeat(2, 3, 1)
+    for sink in (None, torch.randn(5)):
+        out, lse = mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt, attn_sink=sink)
+        assert out.shape == (2, 3, 5, 512) and out.dtype == torch.bfloat16 and (out == 0).all()
+        assert lse.shape == (2, 5, 3) and (lse == -math.inf).all()
