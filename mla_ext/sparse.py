@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from ._validate import check, check_dtype, check_last_dim_contiguous, check_same_device, fail
+from ._validate import aligned_or_copy, check, check_dtype, check_last_dim_contiguous, check_same_device, fail
 from .formats import DS_MLA_ROW_BYTES, KV_LORA_RANK, LATENT_DIM, canonical_format
 
 _DECODE = "sparse_decode_mla"
@@ -60,12 +60,6 @@ def _validate_decode(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_l
         check_dtype(attn_sink, "attn_sink", (torch.float32,), _DECODE)
         check(attn_sink.dim() == 1 and attn_sink.shape[0] == h_q, _DECODE,
               f"attn_sink must be float32 [h_q] = [{h_q}], got {list(attn_sink.shape)}")
-
-
-def _aligned(t: torch.Tensor) -> bool:
-    """16-byte rows for the kernel's 16-byte copies: base and outer strides."""
-    esz = t.element_size()
-    return t.data_ptr() % 16 == 0 and all((s * esz) % 16 == 0 for s in t.stride()[:-1])
 
 
 def sparse_decode_mla(
@@ -125,8 +119,8 @@ def sparse_decode_mla(
     (torch.Size([2, 1, 16, 512]), torch.Size([2, 16, 1]))
     """
     _validate_decode(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_length, attn_sink)
-    if q.is_cuda and not _aligned(q):
-        q = q.contiguous()
+    if q.is_cuda:
+        q = aligned_or_copy(q)
     if topk_length is not None:
         topk_length = topk_length.contiguous()
     if attn_sink is not None:

@@ -254,3 +254,16 @@ def test_empty_cache_gpu(fmt, shape):
     out, lse = mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt, attn_sink=torch.randn(16, device="cuda"))
     torch.cuda.synchronize()
     assert (out == 0).all() and (lse == -math.inf).all()
+
+
+def test_misaligned_contiguous_q():
+    """A contiguous q starting at element 1: .contiguous() would return it unchanged; the wrapper
+    copies it to an aligned buffer, torch.ops raises."""
+    q, cache, idx, _ = _case(2, 2, 16, 100, 64, "auto")
+    flat = torch.empty(1 + q.numel(), dtype=torch.bfloat16, device="cuda")
+    q_odd = flat[1:].view(q.shape)
+    q_odd.copy_(q)
+    assert q_odd.is_contiguous() and q_odd.data_ptr() % 16 != 0
+    _check(q_odd, cache, idx, "auto")
+    with pytest.raises(RuntimeError, match="16-byte alignment"):
+        torch.ops.mla_ext.sparse_decode_mla(q_odd, cache, idx, SOFTMAX_SCALE, "auto", None, None)
