@@ -5,7 +5,16 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from ._validate import aligned_or_copy, check, check_dtype, check_last_dim_contiguous, check_same_device, fail
+from ._validate import (
+    aligned_or_copy,
+    check,
+    check_dtype,
+    check_last_dim_contiguous,
+    check_same_device,
+    checked_mode,
+    fail,
+    raise_first_out_of_range,
+)
 from .formats import DS_MLA_ROW_BYTES, KV_LORA_RANK, LATENT_DIM, canonical_format
 
 _DECODE = "sparse_decode_mla"
@@ -62,6 +71,19 @@ def _validate_decode(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_l
               f"attn_sink must be float32 [h_q] = [{h_q}], got {list(attn_sink.shape)}")
 
 
+def _check_indices_in_range(kv_cache, indices, topk_length) -> None:
+    """Checked mode of the decode: entries past the cache at counted positions raise."""
+    num_blocks, block_size = kv_cache.shape[0], kv_cache.shape[1]
+    num_slots = num_blocks * block_size
+    bad = indices >= num_slots
+    if topk_length is not None:
+        counted = torch.arange(indices.shape[2], device=indices.device).view(1, 1, -1) < topk_length.view(-1, 1, 1)
+        bad &= counted
+    raise_first_out_of_range(_DECODE, "indices", indices, bad,
+                             f"the cache ({num_blocks} blocks x {block_size} = {num_slots} slots)",
+                             "such entries are invalid (they contribute nothing)")
+
+
 def sparse_decode_mla(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -70,6 +92,8 @@ def sparse_decode_mla(
     kv_cache_dtype: str = "fp8_ds_mla",
     topk_length: torch.Tensor | None = None,
     attn_sink: torch.Tensor | None = None,
+    *,
+    checked: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse top-k MLA decode: each query token attends to the cache slots its indexer chose.
 
@@ -94,6 +118,11 @@ def sparse_decode_mla(
     attn_sink : Tensor ``[h_q]`` float32, optional
         Per-head sink logit: out is scaled by ``e^lse / (e^lse + e^sink)``; lse is unchanged.
         ``+inf`` gives out 0, ``-inf`` no change.
+    checked : bool, optional
+        Raise ``IndexError`` naming the first entry ``>= num_blocks * block_size`` at a counted
+        position (``< topk_length``) instead of treating it as invalid; negative entries (-1
+        padding) stay allowed. Defaults to the environment variable ``MLA_EXT_CHECK_SLOTS`` (set
+        and not "0"). Syncs with the GPU: not for use inside a captured CUDA graph.
 
     Returns
     -------
@@ -119,6 +148,8 @@ def sparse_decode_mla(
     (torch.Size([2, 1, 16, 512]), torch.Size([2, 16, 1]))
     """
     _validate_decode(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_length, attn_sink)
+    if checked_mode(checked):
+        _check_indices_in_range(kv_cache, indices, topk_length)
     if q.is_cuda:
         q = aligned_or_copy(q)
     if topk_length is not None:
@@ -165,7 +196,12 @@ def _validate_slots(local_indices, block_table, block_size, slots) -> None:
 
 
 def sparse_indices_to_slots(
-    local_indices: torch.Tensor, block_table: torch.Tensor, block_size: int, out: torch.Tensor | None = None
+    local_indices: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    out: torch.Tensor | None = None,
+    *,
+    checked: bool | None = None,
 ) -> torch.Tensor:
     """Top-k token positions of each request -> global cache slots for :func:`sparse_decode_mla`.
 
@@ -179,16 +215,27 @@ def sparse_indices_to_slots(
         Tokens per page.
     out : Tensor ``[b, s_q, topk]`` int32, optional
         Preallocated, contiguous result (CUDA-graph use); allocated when None.
+    checked : bool, optional
+        Raise ``IndexError`` naming the first position past the block table (``>= max_blocks *
+        block_size``) instead of giving it slot -1; negative positions (-1 padding) stay allowed.
+        Defaults to the environment variable ``MLA_EXT_CHECK_SLOTS`` (set and not "0"). Syncs
+        with the GPU: not for use inside a captured CUDA graph.
 
     Returns
     -------
     Tensor ``[b, s_q, topk]`` int32: ``block_table[i, p // block_size] * block_size + p %
     block_size``, or -1 for a negative position, one past the block table, on an unassigned
-    page, or a slot past int32. On a GPU one elementwise kernel, no host sync.
+    page, or a slot past int32. On a GPU one elementwise kernel, no host sync (unless checked).
     """
     if out is None:
         out = torch.empty(local_indices.shape, dtype=torch.int32, device=local_indices.device)
     _validate_slots(local_indices, block_table, block_size, out)
+    if checked_mode(checked):
+        max_blocks = block_table.shape[1]
+        num_positions = max_blocks * block_size
+        raise_first_out_of_range(_SLOTS, "local_indices", local_indices, local_indices >= num_positions,
+                                 f"the block table ({max_blocks} pages x {block_size} = {num_positions} positions)",
+                                 "such positions give slot -1")
     torch.ops.mla_ext.sparse_indices_to_slots(local_indices.contiguous(), block_table, block_size, out)
     return out
 

@@ -267,3 +267,19 @@ def test_misaligned_contiguous_q():
     _check(q_odd, cache, idx, "auto")
     with pytest.raises(RuntimeError, match="16-byte alignment"):
         torch.ops.mla_ext.sparse_decode_mla(q_odd, cache, idx, SOFTMAX_SCALE, "auto", None, None)
+
+
+def test_checked_mode_gpu(monkeypatch):
+    monkeypatch.delenv("MLA_EXT_CHECK_SLOTS", raising=False)
+    cache, good, _ = make_cache(8, 64, "fp8_ds_mla", "cuda", poison_frac=0.0)
+    q = torch.randn(2, 1, 16, 576, dtype=torch.bfloat16, device="cuda")
+    idx = good[torch.randint(good.numel(), (2, 1, 64), device="cuda")].to(torch.int32)
+    idx[0, 0, 3] = -1
+    idx[1, 0, 40] = 8 * 64
+    with pytest.raises(IndexError, match=r"indices\[1, 0, 40\] = 512 is outside the cache"):
+        mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, "fp8_ds_mla", checked=True)
+    _check(q, cache, idx, "fp8_ds_mla", torch.tensor([64, 40], dtype=torch.int32, device="cuda"))
+    monkeypatch.setenv("MLA_EXT_CHECK_SLOTS", "1")
+    table = torch.arange(8, dtype=torch.int32, device="cuda").view(2, 4)
+    with pytest.raises(IndexError, match=r"local_indices\[0, 0, 1\] = 256 is outside the block table"):
+        mla_ext.sparse_indices_to_slots(torch.tensor([[[5, 256]], [[0, -1]]], dtype=torch.int32, device="cuda"), table, 64)

@@ -259,3 +259,41 @@ def test_empty_cache(fmt, shape):
         out, lse = mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt, attn_sink=sink)
         assert out.shape == (2, 3, 5, 512) and out.dtype == torch.bfloat16 and (out == 0).all()
         assert lse.shape == (2, 5, 3) and (lse == -math.inf).all()
+
+
+def test_checked_mode_decode(monkeypatch):
+    monkeypatch.delenv("MLA_EXT_CHECK_SLOTS", raising=False)
+    cache, good, _ = make_cache(4, 16, "auto", "cpu", poison_frac=0.0)
+    q = torch.randn(2, 1, 3, 576, dtype=torch.bfloat16)
+    idx = torch.tensor([[[1, -1, 5, -(2**31)]], [[2, 3, 64, 70]]], dtype=torch.int32)  # 64, 70: past 4 x 16 slots
+    mla_ext.sparse_decode_mla(q, cache, idx, 0.1, "auto")  # unchecked: treated as invalid
+    with pytest.raises(IndexError, match=r"sparse_decode_mla: indices\[1, 0, 2\] = 64 is outside the cache "
+                                         r"\(4 blocks x 16 = 64 slots\); 2 of 8 entries out of range"):
+        mla_ext.sparse_decode_mla(q, cache, idx, 0.1, "auto", checked=True)
+    # positions past topk_length do not count; negative entries (padding) are fine
+    tl = torch.tensor([4, 2], dtype=torch.int32)
+    got = mla_ext.sparse_decode_mla(q, cache, idx, 0.1, "auto", tl, checked=True)
+    ref = reference.sparse_decode_mla(q, cache, idx, 0.1, "auto", tl)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    with pytest.raises(IndexError, match=r"indices\[1, 0, 2\] = 64"):
+        mla_ext.sparse_decode_mla(q, cache, idx, 0.1, "auto", torch.tensor([4, 3], dtype=torch.int32), checked=True)
+    # the environment variable turns it on; checked=False overrides it
+    monkeypatch.setenv("MLA_EXT_CHECK_SLOTS", "1")
+    with pytest.raises(IndexError, match="is outside the cache"):
+        mla_ext.sparse_decode_mla(q, cache, idx, 0.1, "auto")
+    mla_ext.sparse_decode_mla(q, cache, idx, 0.1, "auto", checked=False)
+
+
+def test_checked_mode_slots(monkeypatch):
+    monkeypatch.delenv("MLA_EXT_CHECK_SLOTS", raising=False)
+    table = torch.tensor([[3, 1], [0, 2]], dtype=torch.int32)
+    local = torch.tensor([[[0, -1, 31]], [[32, 5, -7]]], dtype=torch.int32)  # 32: past 2 pages x 16
+    assert mla_ext.sparse_indices_to_slots(local, table, 16)[1, 0, 0] == -1
+    with pytest.raises(IndexError, match=r"sparse_indices_to_slots: local_indices\[1, 0, 0\] = 32 is outside the block "
+                                         r"table \(2 pages x 16 = 32 positions\); 1 of 6 entries"):
+        mla_ext.sparse_indices_to_slots(local, table, 16, checked=True)
+    monkeypatch.setenv("MLA_EXT_CHECK_SLOTS", "1")
+    with pytest.raises(IndexError, match="outside the block table"):
+        mla_ext.sparse_indices_to_slots(local, table, 16)
+    local[1, 0, 0] = 31
+    assert mla_ext.sparse_indices_to_slots(local, table, 16).tolist() == [[[48, -1, 31]], [[47, 5, -1]]]
