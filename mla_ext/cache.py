@@ -5,16 +5,8 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from ._validate import (
-    CHECK_SLOTS_ENV,  # noqa: F401  (re-exported: the variable that turns checked mode on)
-    check,
-    check_dtype,
-    check_last_dim_contiguous,
-    check_same_device,
-    checked_mode,
-    fail,
-    raise_first_out_of_range,
-)
+from ._validate import check, check_dtype, check_last_dim_contiguous, check_same_device, fail
+from ._validate import checked_mode, raise_first_out_of_range
 from .formats import DS_MLA_ROW_BYTES, KV_LORA_RANK, LATENT_DIM, ROPE_DIM, canonical_format
 
 _OP = "concat_and_cache_mla"
