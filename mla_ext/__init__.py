@@ -9,6 +9,7 @@ from . import _library  # noqa: F401  (loads torch.ops.mla_ext before the regist
 from . import reference
 from ._validate import MlaInputError
 from .cache import concat_and_cache_mla
+from .decode import DecodePlan, decode_mla, get_decode_plan
 from .formats import (
     DS_MLA_ROW_BYTES,
     KV_LORA_RANK,
@@ -26,6 +27,9 @@ __all__ = [
     "ROPE_DIM",
     "MlaInputError",
     "concat_and_cache_mla",
+    "DecodePlan",
+    "decode_mla",
+    "get_decode_plan",
     "empty_kv_cache",
     "reference",
 ]
