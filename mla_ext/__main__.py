@@ -15,10 +15,12 @@ import torch
 
 import mla_ext
 from mla_ext.bench import cache_write
+from mla_ext.bench import decode as decode_bench
 
 # (op name, module with self_check(device) and bench(timer, roofline, quick)); each op joins here.
 OPS = [
     (cache_write.NAME, cache_write),
+    (decode_bench.NAME, decode_bench),
 ]
 
 
