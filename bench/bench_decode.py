@@ -27,6 +27,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="only the headline cases")
     parser.add_argument("--json", metavar="DIR", help="write decode_mla.json / .md into DIR")
     parser.add_argument("--check", action="store_true", help="run the self-check against the reference first")
+    parser.add_argument("--only", metavar="TEXT", help="only the cases whose name contains TEXT")
     parser.add_argument("--iters", type=int, default=50, help="timed calls per case (median reported)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -37,7 +38,7 @@ def main() -> int:
     timer = Timer(iters=args.iters)
     roofline = measure_roofline(timer)
     print(f"roofline: copy {roofline.copy_GBps:.0f} GB/s, bf16 matmul {roofline.bf16_mm_TFLOPS:.0f} TFLOPS")
-    rows = decode.bench(timer, roofline, quick=args.quick)
+    rows = decode.bench(timer, roofline, quick=args.quick, only=args.only)
     print(format_table(rows, decode.NAME))
     summary = decode.bandwidth_summary(rows)
     print(summary)

@@ -16,13 +16,13 @@ pytestmark = pytest.mark.gpu
 FORMATS = ("auto", "fp8", "fp8_ds_mla")
 
 
-def check(inp, causal, **kw):
+def check(inp, causal, lse_atol=2e-3, **kw):
     out, lse = run_op(inp, causal, **kw)
     ref_out, ref_lse = run_reference(inp, causal)
     assert out.dtype == inp["q"].dtype and lse.dtype == torch.float32
     # out: bf16/fp16 rounding of P and of the result; lse: fp32 (inputs are exact in bf16).
     assert_close(out, ref_out, cos_tol=2e-5, atol=2e-2, rtol=2e-2, name="out")
-    assert_close(lse, ref_lse, cos_tol=1e-7, atol=2e-3, rtol=1e-4, name="lse")
+    assert_close(lse, ref_lse, cos_tol=1e-7, atol=lse_atol, rtol=1e-4, name="lse")
     return out, lse
 
 
@@ -55,8 +55,10 @@ def test_fp16(fmt):
 
 
 def test_ds_mla_arbitrary_scales():
+    # kv_c * scale is rounded once to bf16 for the MMAs (exact for the writers' powers of two),
+    # so the scores carry bf16 rounding here: a looser lse bound.
     inp = make_inputs([3, 300, 2000], 1, 16, 64, "fp8_ds_mla", device="cuda", arbitrary_scales=True)
-    check(inp, causal=True)
+    check(inp, causal=True, lse_atol=1.5e-2)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -90,8 +90,9 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk) {
   return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
 }
 
-// 8 e4m3 bytes -> 8 values of T, each times `scale` (fp32 math; any finite scale).
-template <typename T>
+// 8 e4m3 bytes -> 8 values of T. kScaled: times `scale` in fp32 (any finite scale), then one
+// rounding to T; else exact (e4m3 values are representable in bf16 and fp16).
+template <typename T, bool kScaled>
 __device__ __forceinline__ uint4 dequant8_e4m3(uint2 raw, float scale) {
   uint4 r;
   uint32_t* out = reinterpret_cast<uint32_t*>(&r);
@@ -99,9 +100,13 @@ __device__ __forceinline__ uint4 dequant8_e4m3(uint2 raw, float scale) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(w[i / 2] >> (16 * (i % 2)));
-    const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3));
-    const float2 f = __half22float2(h);
-    out[i] = pack2<T>(f.x * scale, f.y * scale);
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+    if constexpr (!kScaled && std::is_same_v<T, __half>) {
+      out[i] = uint32_t(h.x) | (uint32_t(h.y) << 16);
+    } else {
+      const float2 f = __half22float2(__half2(h));
+      out[i] = kScaled ? pack2<T>(f.x * scale, f.y * scale) : pack2<T>(f.x, f.y);
+    }
   }
   return r;
 }
@@ -123,8 +128,13 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
   const int end_req = sched[kEndReq], end_tile = sched[kEndTile], begin_split = sched[kBeginSplit];
   const int row0 = blockIdx.y * kBlockM;                   // first query row of this CTA
   const int rows_here = min(kBlockM, p.num_rows - row0);
-  float tensor_scale = 1.f;
-  if constexpr (kFormat == CacheFormat::kFp8) tensor_scale = *p.scale;
+  // fp8: K and V are used unscaled (exact in 16 bits); the per-tensor scale multiplies the
+  // scores (folded into the exp2-domain scale) and the output.
+  float score_scale = p.softmax_scale_log2, out_scale = 1.f;
+  if constexpr (kFormat == CacheFormat::kFp8) {
+    out_scale = *p.scale;
+    score_scale *= out_scale;
+  }
   const int64_t max_kv = int64_t(p.max_blocks) * p.block_size;
 
   for (int req = begin_req; req <= end_req; ++req) {
@@ -209,29 +219,49 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
       int flag_slot;
       if constexpr (C::kConvert) {
         // Dequantise raw stage -> 16-bit swizzled tile, then reuse the raw stage for the next load.
-        const uint8_t* raw = smem + C::kOffRaw + stage * C::kRawStageBytes;
+        // Thread t converts row t / 4, output chunks (t % 4) + 4 j: every branch below and the
+        // fp8_ds_mla tile of each chunk (j / 4) are compile-time, all loads are issued first.
+        const int r = tid / C::kLoadThreadsPerRow, sub = tid % C::kLoadThreadsPerRow;
+        const uint8_t* row = smem + C::kOffRaw + stage * C::kRawStageBytes + r * C::kRawRowBytes;
         uint8_t* tile = smem + C::kOffTile;
-        for (int c = tid; c < kBlockN * C::kRowChunks; c += C::kThreads) {
-          const int r = c / C::kRowChunks, oc = c % C::kRowChunks;
-          const uint8_t* row = raw + r * C::kRawRowBytes;
-          uint4 v;
-          if constexpr (kFormat == CacheFormat::kFp8) {
-            v = dequant8_e4m3<T>(*reinterpret_cast<const uint2*>(row + 8 * oc), tensor_scale);
-          } else if (oc < kKvLoraRank / 8) {
-            const float s = *reinterpret_cast<const float*>(row + kDsMlaScaleOffset + 4 * (oc / (kDsMlaTile / 8)));
-            v = dequant8_e4m3<T>(*reinterpret_cast<const uint2*>(row + 8 * oc), s);
-          } else {
-            v = *reinterpret_cast<const uint4*>(row + kDsMlaRopeOffset + 16 * (oc - kKvLoraRank / 8));
-            if constexpr (!std::is_same_v<T, __nv_bfloat16>) {  // k_pe is stored as bf16
-              uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+        constexpr int kChunksPerThread = C::kRowChunks / C::kLoadThreadsPerRow;  // 18
+        constexpr int kFp8Chunks = (kFormat == CacheFormat::kFp8 ? kLatentDim : kKvLoraRank) / 8 / C::kLoadThreadsPerRow;
+        float tile_scale[kDsMlaNumTiles];
+        if constexpr (kFormat == CacheFormat::kFp8DsMla) {
 #pragma unroll
-              for (int j = 0; j < 4; ++j) {
-                const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
-                w[j] = pack2<T>(f.x, f.y);
+          for (int t = 0; t < kDsMlaNumTiles; ++t) tile_scale[t] = *reinterpret_cast<const float*>(row + kDsMlaScaleOffset + 4 * t);
+        }
+        // Loads in batches (all at once, except with 64-row tiles whose O accumulators leave
+        // no registers for 18 pending loads).
+        constexpr int kBatch = kMT >= 4 ? 6 : kChunksPerThread;
+#pragma unroll
+        for (int j0 = 0; j0 < kChunksPerThread; j0 += kBatch) {
+          uint2 raw8[kBatch];
+#pragma unroll
+          for (int j = j0; j < j0 + kBatch; ++j)
+            if (j < kFp8Chunks) raw8[j - j0] = *reinterpret_cast<const uint2*>(row + 8 * (sub + 4 * j));
+#pragma unroll
+          for (int j = j0; j < j0 + kBatch; ++j) {
+            const int oc = sub + 4 * j;
+            uint4 v;
+            if (j < kFp8Chunks) {
+              // fp8: the per-tensor scale is applied to the scores and the output instead
+              // (exact); fp8_ds_mla: chunk oc lies in tile oc / 16 = j / 4.
+              v = dequant8_e4m3<T, kFormat == CacheFormat::kFp8DsMla>(
+                  raw8[j - j0], kFormat == CacheFormat::kFp8DsMla ? tile_scale[j / 4] : 1.f);
+            } else {
+              v = *reinterpret_cast<const uint4*>(row + kDsMlaRopeOffset + 16 * (oc - kKvLoraRank / 8));
+              if constexpr (!std::is_same_v<T, __nv_bfloat16>) {  // k_pe is stored as bf16
+                uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                  const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[e]));
+                  w[e] = pack2<T>(f.x, f.y);
+                }
               }
             }
+            *reinterpret_cast<uint4*>(tile + swz<C::kRowBytes>(r, oc)) = v;
           }
-          *reinterpret_cast<uint4*>(tile + swz<C::kRowBytes>(r, oc)) = v;
         }
         if (tid < kBlockN) flags[C::kStages * kBlockN + tid] = flags[stage * kBlockN + tid];
         __syncthreads();
@@ -282,8 +312,8 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
         for (int h = 0; h < 2; ++h) {
           float& a = sc[mt][2 * h];
           float& b = sc[mt][2 * h + 1];
-          a = (ok0 && key0 < lim[mt][h]) ? a * p.softmax_scale_log2 : -INFINITY;
-          b = (ok1 && key0 + 1 < lim[mt][h]) ? b * p.softmax_scale_log2 : -INFINITY;
+          a = (ok0 && key0 < lim[mt][h]) ? a * score_scale : -INFINITY;
+          b = (ok1 && key0 + 1 < lim[mt][h]) ? b * score_scale : -INFINITY;
           float mx = fmaxf(a, b);
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -363,7 +393,7 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
         float total = 0.f;
 #pragma unroll
         for (int w = 0; w < C::kWarps; ++w) total += red[w * kBlockM + r];
-        const float inv = total > 0.f ? 1.f / total : 0.f;
+        const float inv = total > 0.f ? out_scale / total : 0.f;
         const float lse2 = total > 0.f ? m[mt][h] + log2f(total) : -INFINITY;
         const int g = row0 + r, s = g / p.h_q, hq = g % p.h_q;
         const int d0 = warp * C::kDimsPerWarp + 2 * (lane % 4);
