@@ -277,11 +277,16 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
       }
 
       // ---- S = Q K^T for keys 8 warp .. 8 warp + 7 (B fragments straight from the K rows).
-      float sc[kMT][4];
+      // Independent accumulators per m-tile (summed after the loop): with 16 rows one chain of
+      // 36 dependent MMAs would leave the tensor pipe waiting on its own latency.
+      constexpr int kAcc = kMT == 1 ? 4 : kMT == 2 ? 2 : 1;
+      float sacc[kMT][kAcc][4];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sc[mt][e] = 0.f;
+        for (int a = 0; a < kAcc; ++a)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sacc[mt][a][e] = 0.f;
       {
         const int key_row = warp * 8 + lane % 8;
 #pragma unroll
@@ -295,11 +300,21 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
             for (int half = 0; half < 2; ++half) {
               uint32_t qa[4];
               ldmatrix_x4(qa, q_base + swz<C::kRowBytes>(qr, kc + 2 * half + lane / 16));
-              mma_16816<T>(sc[mt], qa, kb[2 * half], kb[2 * half + 1]);
+              mma_16816<T>(sacc[mt][(kc / 2 + half) % kAcc], qa, kb[2 * half], kb[2 * half + 1]);
             }
           }
         }
       }
+      float sc[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float v = sacc[mt][0][e];
+#pragma unroll
+          for (int a = 1; a < kAcc; ++a) v += sacc[mt][a][e];
+          sc[mt][e] = v;
+        }
 
       // ---- mask (select) + scale into the exp2 domain, row max across the 8 warps.
       const int kcol = warp * 8 + 2 * (lane % 4);  // this thread's two keys in the tile
