@@ -55,10 +55,19 @@ def test_fp16(fmt):
 
 
 def test_ds_mla_arbitrary_scales():
-    # kv_c * scale is rounded once to bf16 for the MMAs (exact for the writers' powers of two),
-    # so the scores carry bf16 rounding here: a looser lse bound.
+    """Non-power-of-two tile scales: kv_c * scale is rounded once to bf16 for the MMAs, so the
+    kernel must match the reference on that bf16-rounded cache tightly, and the exact fp32
+    reference within bf16 rounding of the scores."""
     inp = make_inputs([3, 300, 2000], 1, 16, 64, "fp8_ds_mla", device="cuda", arbitrary_scales=True)
-    check(inp, causal=True, lse_atol=1.5e-2)
+    out, lse = run_op(inp, True)
+    rounded = dict(inp, kv_cache=reference.dequantize_cache(inp["kv_cache"], "fp8_ds_mla").to(torch.bfloat16),
+                   kv_cache_dtype="auto")
+    ref_out, ref_lse = run_reference(rounded, True)
+    assert_close(out, ref_out, cos_tol=2e-5, atol=2e-2, rtol=2e-2, name="out")
+    assert_close(lse, ref_lse, cos_tol=1e-7, atol=2e-3, rtol=1e-4, name="lse")
+    exact_out, exact_lse = run_reference(inp, True)
+    assert_close(out, exact_out, cos_tol=1e-4, atol=5e-2, rtol=5e-2, name="out vs exact")
+    assert_close(lse, exact_lse, cos_tol=1e-6, atol=3e-2, rtol=1e-3, name="lse vs exact")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -97,10 +106,16 @@ def test_plan_matches_reference():
 
 
 def test_seq_lens_past_block_table():
-    inp = make_inputs([100, 50], 1, 16, 16, "auto", device="cuda")
-    inp["seq_lens"][0] = 16 * inp["block_table"].shape[1] + 40  # past the table: skipped unchecked
+    """Request 0 fills its 6 pages; its seq_len then claims 152 tokens: 96..111 fall on a table
+    entry pointing outside the cache, 112..151 past the table. Unchecked, both are skipped."""
+    inp = make_inputs([96, 50], 1, 16, 16, "auto", device="cuda")
+    assert inp["block_table"].shape[1] == 7
+    inp["seq_lens"][0] = 16 * 7 + 40
     check(inp, causal=False)
     with pytest.raises(IndexError, match="block_table has only"):
+        run_op(inp, False, checked=True)
+    inp["seq_lens"][0] = 100  # within the table, but page 6 is outside the cache
+    with pytest.raises(IndexError, match="outside the cache"):
         run_op(inp, False, checked=True)
 
 

@@ -64,9 +64,16 @@ struct SplitConfig {
   static constexpr int kRawStageBytes = kBlockN * kRawRowBytes;
   static constexpr int kPBytes = kBlockM * kBlockN * 2;
   static constexpr int kRedBytes = kWarps * kBlockM * 4;
+  // 16-row tiles split the QK^T reduction dim over 4 warp groups (Q stays in registers); their
+  // partial scores [4][16][64] meet here. Row stride 72 floats: conflict-free float2 access.
+  static constexpr bool kSplitK = kBlockM == 16;
+  static constexpr int kSplitKSteps = kLatentDim / 16 / 4;  // 9 k16 steps per warp group
+  static constexpr int kRedSStride = kBlockN + 8;
+  static constexpr int kRedSBytes = kSplitK ? 4 * 16 * kRedSStride * 4 : 0;
   static constexpr int kMaxStages = kConvert ? 3 : 2;
   static constexpr int kFlagBytes = (kMaxStages + 1) * kBlockN;  // a byte per key per stage (+ converted tile)
-  static constexpr int kFixedBytes = kQBytes + (kConvert ? kTileBytes : 0) + kPBytes + kRedBytes + kFlagBytes;
+  static constexpr int kFixedBytes =
+      kQBytes + (kConvert ? kTileBytes : 0) + kPBytes + kRedBytes + kRedSBytes + kFlagBytes;
   // As many raw stages as fit: bf16 2 (64 keys each), fp8 2-3, fp8_ds_mla 1-3 by kBlockM.
   static constexpr int kStages = std::min(kMaxStages, (kSmemBudget - kFixedBytes) / kRawStageBytes);
   static_assert(kStages >= (kConvert ? 1 : 2), "decode tiles do not fit in shared memory");
@@ -79,7 +86,8 @@ struct SplitConfig {
   static constexpr int kOffTile = kOffRaw + kStages * kRawStageBytes;  // used when kConvert
   static constexpr int kOffP = kOffTile + (kConvert ? kTileBytes : 0);
   static constexpr int kOffRed = kOffP + kPBytes;
-  static constexpr int kOffFlags = kOffRed + kRedBytes;
+  static constexpr int kOffRedS = kOffRed + kRedBytes;
+  static constexpr int kOffFlags = kOffRedS + kRedSBytes;
   static constexpr int kSmemBytes = kOffFlags + kFlagBytes;
   static_assert(kSmemBytes <= kSmemBudget);
 };
@@ -118,6 +126,8 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* const flags = smem + C::kOffFlags;
   float* const red = reinterpret_cast<float*>(smem + C::kOffRed);
+  float* const red_s = reinterpret_cast<float*>(smem + C::kOffRedS);  // split-K partial scores
+  uint32_t qf[C::kSplitK ? C::kSplitKSteps : 1][4];                    // split-K: Q slice (A fragments)
   const uint32_t q_base = smem_addr(smem + C::kOffQ);
   const uint32_t raw_base = smem_addr(smem + C::kOffRaw);
   const uint32_t p_base = smem_addr(smem + C::kOffP);
@@ -219,48 +229,54 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
       int flag_slot;
       if constexpr (C::kConvert) {
         // Dequantise raw stage -> 16-bit swizzled tile, then reuse the raw stage for the next load.
-        // Thread t converts row t / 4, output chunks (t % 4) + 4 j: every branch below and the
-        // fp8_ds_mla tile of each chunk (j / 4) are compile-time, all loads are issued first.
+        // Thread t converts row t / 4: raw 16-byte chunks rc = (t % 4) + 4 j (16 e4m3 -> output
+        // chunks 2 rc, 2 rc + 1), so every branch and the fp8_ds_mla tile of each chunk
+        // (rc / 8 = j / 2) are compile-time; loads go out in small batches (registers).
         const int r = tid / C::kLoadThreadsPerRow, sub = tid % C::kLoadThreadsPerRow;
         const uint8_t* row = smem + C::kOffRaw + stage * C::kRawStageBytes + r * C::kRawRowBytes;
         uint8_t* tile = smem + C::kOffTile;
-        constexpr int kChunksPerThread = C::kRowChunks / C::kLoadThreadsPerRow;  // 18
-        constexpr int kFp8Chunks = (kFormat == CacheFormat::kFp8 ? kLatentDim : kKvLoraRank) / 8 / C::kLoadThreadsPerRow;
+        constexpr int kRaw16 = (kFormat == CacheFormat::kFp8 ? kLatentDim : kKvLoraRank) / 16 / C::kLoadThreadsPerRow;
+        constexpr int kBatch = 3;
+        static_assert(kRaw16 % kBatch == 0 || kRaw16 == 8);
         float tile_scale[kDsMlaNumTiles];
         if constexpr (kFormat == CacheFormat::kFp8DsMla) {
 #pragma unroll
           for (int t = 0; t < kDsMlaNumTiles; ++t) tile_scale[t] = *reinterpret_cast<const float*>(row + kDsMlaScaleOffset + 4 * t);
         }
-        // Loads in batches (all at once, except with 64-row tiles whose O accumulators leave
-        // no registers for 18 pending loads).
-        constexpr int kBatch = kMT >= 4 ? 6 : kChunksPerThread;
 #pragma unroll
-        for (int j0 = 0; j0 < kChunksPerThread; j0 += kBatch) {
-          uint2 raw8[kBatch];
+        for (int j0 = 0; j0 < kRaw16; j0 += kBatch) {
+          uint4 raw16[kBatch];
 #pragma unroll
           for (int j = j0; j < j0 + kBatch; ++j)
-            if (j < kFp8Chunks) raw8[j - j0] = *reinterpret_cast<const uint2*>(row + 8 * (sub + 4 * j));
+            if (j < kRaw16) raw16[j - j0] = *reinterpret_cast<const uint4*>(row + 16 * (sub + 4 * j));
 #pragma unroll
           for (int j = j0; j < j0 + kBatch; ++j) {
-            const int oc = sub + 4 * j;
-            uint4 v;
-            if (j < kFp8Chunks) {
-              // fp8: the per-tensor scale is applied to the scores and the output instead
-              // (exact); fp8_ds_mla: chunk oc lies in tile oc / 16 = j / 4.
-              v = dequant8_e4m3<T, kFormat == CacheFormat::kFp8DsMla>(
-                  raw8[j - j0], kFormat == CacheFormat::kFp8DsMla ? tile_scale[j / 4] : 1.f);
-            } else {
-              v = *reinterpret_cast<const uint4*>(row + kDsMlaRopeOffset + 16 * (oc - kKvLoraRank / 8));
-              if constexpr (!std::is_same_v<T, __nv_bfloat16>) {  // k_pe is stored as bf16
-                uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+            if (j >= kRaw16) break;
+            const int rc = sub + 4 * j;
+            // fp8: the per-tensor scale is applied to the scores and the output instead (exact).
+            const float sc = kFormat == CacheFormat::kFp8DsMla ? tile_scale[j / 2] : 1.f;
+            const uint4 v = raw16[j - j0];
+            *reinterpret_cast<uint4*>(tile + swz<C::kRowBytes>(r, 2 * rc)) =
+                dequant8_e4m3<T, kFormat == CacheFormat::kFp8DsMla>(make_uint2(v.x, v.y), sc);
+            *reinterpret_cast<uint4*>(tile + swz<C::kRowBytes>(r, 2 * rc + 1)) =
+                dequant8_e4m3<T, kFormat == CacheFormat::kFp8DsMla>(make_uint2(v.z, v.w), sc);
+          }
+        }
+        if constexpr (kFormat == CacheFormat::kFp8DsMla) {
+          // k_pe, stored as bf16: output chunks 64 + sub + 4 j.
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                  const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[e]));
-                  w[e] = pack2<T>(f.x, f.y);
-                }
+          for (int j = 0; j < kRopeDim / 8 / C::kLoadThreadsPerRow; ++j) {
+            const int c = sub + 4 * j;
+            uint4 v = *reinterpret_cast<const uint4*>(row + kDsMlaRopeOffset + 16 * c);
+            if constexpr (!std::is_same_v<T, __nv_bfloat16>) {
+              uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[e]));
+                w[e] = pack2<T>(f.x, f.y);
               }
             }
-            *reinterpret_cast<uint4*>(tile + swz<C::kRowBytes>(r, oc)) = v;
+            *reinterpret_cast<uint4*>(tile + swz<C::kRowBytes>(r, kKvLoraRank / 8 + c)) = v;
           }
         }
         if (tid < kBlockN) flags[C::kStages * kBlockN + tid] = flags[stage * kBlockN + tid];
@@ -277,17 +293,67 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
       }
 
       // ---- S = Q K^T for keys 8 warp .. 8 warp + 7 (B fragments straight from the K rows).
-      // Independent accumulators per m-tile (summed after the loop): with 16 rows one chain of
-      // 36 dependent MMAs would leave the tensor pipe waiting on its own latency.
-      constexpr int kAcc = kMT == 1 ? 4 : kMT == 2 ? 2 : 1;
-      float sacc[kMT][kAcc][4];
+      float sc[kMT][4];
+      if constexpr (C::kSplitK) {
+        // 16 rows: warp (g = w % 4, kh = w / 4) multiplies its register-resident Q slice (dims
+        // 144 g .. 144 g + 143) with keys 32 kh .. 32 kh + 31; the four partial sums meet in
+        // shared memory. Q is read from shared memory once per piece instead of 8x per tile.
+        const int g = warp % 4, kh = warp / 4;
+        if (i == 0) {
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
+          for (int ks = 0; ks < C::kSplitKSteps; ++ks)
+            ldmatrix_x4(qf[ks], q_base + swz<C::kRowBytes>(lane % 16, g * 2 * C::kSplitKSteps + 2 * ks + lane / 16));
+        }
+        float part[4][4];
 #pragma unroll
-        for (int a = 0; a < kAcc; ++a)
+        for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) sacc[mt][a][e] = 0.f;
-      {
+          for (int e = 0; e < 4; ++e) part[nt][e] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < C::kSplitKSteps; ++ks) {
+          const int chunk = g * 2 * C::kSplitKSteps + 2 * ks + (lane / 8) % 2;
+#pragma unroll
+          for (int np = 0; np < 2; ++np) {  // two n8 tiles per ldmatrix: keys +0..7 and +8..15
+            const int key_row = 32 * kh + 16 * np + 8 * (lane / 16) + lane % 8;
+            uint32_t kb[4];
+            ldmatrix_x4(kb, kv_base + swz<C::kRowBytes>(key_row, chunk));
+            mma_16816<T>(part[2 * np], qf[ks], kb[0], kb[1]);
+            mma_16816<T>(part[2 * np + 1], qf[ks], kb[2], kb[3]);
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int key = 32 * kh + 8 * nt + 2 * (lane % 4);
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<float2*>(red_s + (g * 16 + lane / 4 + 8 * h) * C::kRedSStride + key) =
+                make_float2(part[nt][2 * h], part[nt][2 * h + 1]);
+        }
+        __syncthreads();
+        // Back to "warp w owns keys 8 w .. 8 w + 7" for the softmax below.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float2 acc = make_float2(0.f, 0.f);
+#pragma unroll
+          for (int gg = 0; gg < 4; ++gg) {
+            const float2 v = *reinterpret_cast<const float2*>(red_s + (gg * 16 + lane / 4 + 8 * h) * C::kRedSStride +
+                                                              8 * warp + 2 * (lane % 4));
+            acc.x += v.x;
+            acc.y += v.y;
+          }
+          sc[0][2 * h] = acc.x;
+          sc[0][2 * h + 1] = acc.y;
+        }
+      } else {
+        // Independent accumulators per m-tile (summed after the loop): shorter MMA chains.
+        constexpr int kAcc = kMT == 2 ? 2 : 1;
+        float sacc[kMT][kAcc][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int a = 0; a < kAcc; ++a)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sacc[mt][a][e] = 0.f;
         const int key_row = warp * 8 + lane % 8;
 #pragma unroll
         for (int kc = 0; kc < C::kRowChunks; kc += 4) {  // 32 dims = two k16 steps
@@ -304,17 +370,16 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
             }
           }
         }
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float v = sacc[mt][0][e];
+#pragma unroll
+            for (int a = 1; a < kAcc; ++a) v += sacc[mt][a][e];
+            sc[mt][e] = v;
+          }
       }
-      float sc[kMT][4];
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float v = sacc[mt][0][e];
-#pragma unroll
-          for (int a = 1; a < kAcc; ++a) v += sacc[mt][a][e];
-          sc[mt][e] = v;
-        }
 
       // ---- mask (select) + scale into the exp2 domain, row max across the 8 warps.
       const int kcol = warp * 8 + 2 * (lane % 4);  // this thread's two keys in the tile
@@ -408,8 +473,9 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
         float total = 0.f;
 #pragma unroll
         for (int w = 0; w < C::kWarps; ++w) total += red[w * kBlockM + r];
-        const float inv = total > 0.f ? out_scale / total : 0.f;
-        const float lse2 = total > 0.f ? m[mt][h] + log2f(total) : -INFINITY;
+        // total == 0: nothing attended (out 0, lse -inf); NaN (NaN in attended rows) propagates.
+        const float inv = total == 0.f ? 0.f : out_scale / total;
+        const float lse2 = total == 0.f ? -INFINITY : m[mt][h] + log2f(total);
         const int g = row0 + r, s = g / p.h_q, hq = g % p.h_q;
         const int d0 = warp * C::kDimsPerWarp + 2 * (lane % 4);
         if (num_splits <= 1) {
