@@ -190,7 +190,7 @@ def decode_mla(
 # a tile of DECODE_BLOCK_N keys; a (request, part) piece costs its tiles + DECODE_PLAN_OVERHEAD.
 DECODE_BLOCK_N = 64
 DECODE_PLAN_OVERHEAD = 5
-DECODE_SCHEDULE_FIELDS = 8  # begin_req, begin_tile, end_req, end_tile, begin_split, 0, 0, 0
+DECODE_SCHEDULE_FIELDS = 8  # begin_req, begin_tile, end_req, end_tile, begin_split, split_req, 0, 0
 DECODE_SPLIT_INFO_FIELDS = 2  # num_splits, partial_base (-1 unless split)
 
 
@@ -213,7 +213,9 @@ def decode_plan(seq_lens: torch.Tensor, s_q: int, h_q: int, num_sms: int) -> tup
     budget of ``ceil(total / num_parts) + overhead`` cost units (the last takes the rest). Part p
     covers requests ``begin_req..end_req`` (empty when ``begin_req > end_req``), from tile
     ``begin_tile`` of the first to tile ``end_tile`` (exclusive) of the last; its first piece is
-    split number ``begin_split`` of that request. ``split_info[i] = (num_splits, partial_base)``.
+    split number ``begin_split`` of that request; ``split_req`` is the request first cut at its
+    end (-1 if none), so each split request is listed once. ``split_info[i] = (num_splits,
+    partial_base)``.
     """
     lens = [max(0, int(x)) for x in seq_lens.tolist()]
     b = len(lens)
@@ -227,6 +229,7 @@ def decode_plan(seq_lens: torch.Tensor, s_q: int, h_q: int, num_sms: int) -> tup
     for part in range(num_sms):
         begin = (req, tile, split)
         end_req, end_tile = req - 1, 0
+        split_req = -1
         if part < num_parts:
             last = part == num_parts - 1
             budget = payload
@@ -243,11 +246,13 @@ def decode_plan(seq_lens: torch.Tensor, s_q: int, h_q: int, num_sms: int) -> tup
                     take = budget - DECODE_PLAN_OVERHEAD
                     if take <= 0:
                         break
+                    if split == 0:
+                        split_req = req
                     tile += take
                     end_req, end_tile = req, tile
                     split += 1
                     break
-        schedule[part, :5] = torch.tensor([begin[0], begin[1], end_req, end_tile, begin[2]], dtype=torch.int32)
+        schedule[part, :6] = torch.tensor([begin[0], begin[1], end_req, end_tile, begin[2], split_req], dtype=torch.int32)
     base = 0
     for i in range(b):
         n = int(split_info[i, 0])

@@ -80,6 +80,8 @@ def test_plan_covers_every_tile_once(num_sms, lens, s_q, h_q):
     tiles = [(n + 63) // 64 for n in lens]
     seen = [[0] * t for t in tiles]
     pieces = [[] for _ in lens]
+    listed = [row[5] for row in sched.tolist() if row[5] >= 0]
+    assert sorted(listed) == [r for r in range(len(lens)) if int(info[r, 0]) > 1], "split requests listed once"
     for begin_req, begin_tile, end_req, end_tile, begin_split, *_ in sched.tolist():
         for r in range(begin_req, end_req + 1):
             t0 = begin_tile if r == begin_req else 0

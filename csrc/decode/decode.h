@@ -28,7 +28,9 @@ inline constexpr int kPlanOverheadTiles = 5;  // cost of one (request, part) pie
 // One part of the schedule covers requests begin_req..end_req (inclusive; empty when
 // begin_req > end_req); tiles [begin_tile, ...) of begin_req, [..., end_tile) of end_req and all
 // tiles of the requests between. begin_split is the split index of its first piece.
-enum ScheduleField : int { kBeginReq = 0, kBeginTile, kEndReq, kEndTile, kBeginSplit };
+// kSplitReq: the request first cut at the end of this part (-1 if none): every split request
+// appears there exactly once, which is how combine finds them with a fixed grid.
+enum ScheduleField : int { kBeginReq = 0, kBeginTile, kEndReq, kEndTile, kBeginSplit, kSplitReq };
 
 // Query rows (s_q x h_q) per CTA: 16, 32 or 64, so that h_q = 16 does not pay for 64 rows.
 // (The format is an argument because a future kernel may size its tiles by it.)

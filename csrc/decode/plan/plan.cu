@@ -6,7 +6,8 @@
 // finishes requests while they fit and cuts the next one where its budget runs out (the cut
 // request becomes "split"). The last part takes whatever is left, so every tile is covered
 // exactly once for any seq_lens. Consecutive parts share at most one request, which bounds the
-// pieces of split requests by 2 * num_parts (max_partials_for).
+// pieces of split requests by 2 * num_parts (max_partials_for). Each split request is listed
+// once, in the part where it is first cut (kSplitReq), so combine needs one CTA row per part.
 //
 // One CTA: the total is a block reduction; the walk itself is sequential in thread 0 (b <= a few
 // thousand, a few microseconds, once per decode step).
@@ -51,6 +52,7 @@ __global__ void __launch_bounds__(kPlanThreads) decode_plan_kernel(const __grid_
     s[kBeginTile] = tile;
     s[kBeginSplit] = split;
     int end_req = req - 1, end_tile = 0;  // empty unless something is taken below
+    int split_req = -1;
     if (part < p.num_parts) {
       const bool last = part == p.num_parts - 1;
       long long budget = payload;
@@ -72,6 +74,7 @@ __global__ void __launch_bounds__(kPlanThreads) decode_plan_kernel(const __grid_
           // Cut it: take what the budget allows (at least one tile, so the walk progresses).
           const long long take = budget - kPlanOverheadTiles;
           if (take <= 0) break;
+          if (split == 0) split_req = req;  // its first cut: combine merges it via this part
           tile += static_cast<int>(take);
           end_req = req;
           end_tile = tile;
@@ -82,7 +85,8 @@ __global__ void __launch_bounds__(kPlanThreads) decode_plan_kernel(const __grid_
     }
     s[kEndReq] = end_req;
     s[kEndTile] = end_tile;
-    for (int f = kBeginSplit + 1; f < kScheduleFields; ++f) s[f] = 0;
+    s[kSplitReq] = split_req;
+    for (int f = kSplitReq + 1; f < kScheduleFields; ++f) s[f] = 0;
   }
   // Partial-result slots, only for requests that were split.
   int base = 0;
