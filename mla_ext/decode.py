@@ -13,8 +13,8 @@ from typing import NamedTuple
 import torch
 
 from . import reference
-from ._validate import check, check_dtype, check_same_device, fail
-from .formats import DS_MLA_ROW_BYTES, KV_LORA_RANK, LATENT_DIM, canonical_format
+from ._validate import check, check_dtype, check_kv_cache_rows, check_same_device, fail
+from .formats import KV_LORA_RANK, LATENT_DIM, canonical_format
 
 _OP = "decode_mla"
 _PLAN_OP = "decode_plan"
@@ -64,19 +64,7 @@ def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype,
     if fmt == "auto":
         check(kv_cache.dtype == q.dtype, _OP,
               f"kv_cache_dtype='auto' needs a kv_cache of q's dtype {q.dtype}, got {kv_cache.dtype}")
-        check(kv_cache.shape[2] == LATENT_DIM, _OP,
-              f"kv_cache_dtype='auto' needs rows of {LATENT_DIM} elements, got kv_cache {list(kv_cache.shape)}")
-    elif fmt == "fp8":
-        check_dtype(kv_cache, "kv_cache", (torch.uint8, torch.float8_e4m3fn), _OP)
-        check(kv_cache.shape[2] == LATENT_DIM, _OP,
-              f"kv_cache_dtype='{kv_cache_dtype}' needs rows of {LATENT_DIM} bytes, got kv_cache {list(kv_cache.shape)}")
-        check(scale is not None, _OP, f"kv_cache_dtype='{kv_cache_dtype}' needs scale (float32 tensor of 1 element)")
-        check(scale.dtype == torch.float32 and scale.numel() == 1, _OP,
-              f"scale must be a float32 tensor with one element, got {scale.dtype} {list(scale.shape)}")
-    else:
-        check_dtype(kv_cache, "kv_cache", (torch.uint8,), _OP)
-        check(kv_cache.shape[2] == DS_MLA_ROW_BYTES, _OP,
-              f"kv_cache_dtype='fp8_ds_mla' needs rows of {DS_MLA_ROW_BYTES} bytes, got kv_cache {list(kv_cache.shape)}")
+    check_kv_cache_rows(kv_cache, kv_cache_dtype, fmt, scale, _OP)
     check_dtype(block_table, "block_table", (torch.int32,), _OP)
     check(block_table.dim() == 2 and block_table.shape[0] == b and block_table.shape[1] >= 1, _OP,
           f"block_table must be [b={b}, max_blocks >= 1], got {list(block_table.shape)}")

@@ -70,15 +70,10 @@ struct SplitConfig {
   static constexpr int kSplitKSteps = kLatentDim / 16 / 4;  // 9 k16 steps per warp group
   static constexpr int kRedSStride = kBlockN + 8;
   static constexpr int kRedSBytes = kSplitK ? 4 * 16 * kRedSStride * 4 : 0;
-  // 16-row tiles of the fp8 formats (the memory-bound case) overlap the dequantisation of tile
-  // i + 1 with the MMAs of tile i: two 16-bit tiles, one raw stage, and each thread converts
-  // exactly the raw bytes it loaded itself (no barrier between landing and converting).
-  static constexpr bool kOverlap = kConvert && kBlockM == 16;
-  static constexpr int kNumCvtTiles = kConvert ? (kOverlap ? 2 : 1) : 0;
-  static constexpr int kMaxStages = kOverlap ? 1 : kConvert ? 3 : 2;
-  static constexpr int kFlagBytes = (kMaxStages + 2) * kBlockN;  // a byte per key per raw stage / 16-bit tile
+  static constexpr int kMaxStages = kConvert ? 3 : 2;
+  static constexpr int kFlagBytes = (kMaxStages + 1) * kBlockN;  // a byte per key per stage (+ converted tile)
   static constexpr int kFixedBytes =
-      kQBytes + kNumCvtTiles * kTileBytes + kPBytes + kRedBytes + kRedSBytes + kFlagBytes;
+      kQBytes + (kConvert ? kTileBytes : 0) + kPBytes + kRedBytes + kRedSBytes + kFlagBytes;
   // As many raw stages as fit: bf16 2 (64 keys each), fp8 2-3, fp8_ds_mla 1-3 by kBlockM.
   static constexpr int kStages = std::min(kMaxStages, (kSmemBudget - kFixedBytes) / kRawStageBytes);
   static_assert(kStages >= (kConvert ? 1 : 2), "decode tiles do not fit in shared memory");
@@ -89,7 +84,7 @@ struct SplitConfig {
   static constexpr int kOffQ = 0;
   static constexpr int kOffRaw = kOffQ + kQBytes;
   static constexpr int kOffTile = kOffRaw + kStages * kRawStageBytes;  // used when kConvert
-  static constexpr int kOffP = kOffTile + kNumCvtTiles * kTileBytes;
+  static constexpr int kOffP = kOffTile + (kConvert ? kTileBytes : 0);
   static constexpr int kOffRed = kOffP + kPBytes;
   static constexpr int kOffRedS = kOffRed + kRedBytes;
   static constexpr int kOffFlags = kOffRedS + kRedSBytes;
@@ -197,67 +192,6 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
       }
     };
 
-    // kOverlap: thread (r, sub) loads and later converts the same bytes of row r: fp8_ds_mla
-    // kv_c tile `sub` (8 chunks, rotated by sub against bank conflicts), its fp32 scale (4 B)
-    // and k_pe chunks 2 sub, 2 sub + 1; fp8: raw chunks 9 sub .. 9 sub + 8.
-    constexpr int kOwnChunks = kFormat == CacheFormat::kFp8 ? 9 : 8;
-    auto own_chunk = [&](int sub, int c) {
-      return kFormat == CacheFormat::kFp8 ? 9 * sub + c : 8 * sub + (c + sub) % 8;
-    };
-    auto load_own = [&](int t) {
-      const int r = tid / C::kLoadThreadsPerRow, sub = tid % C::kLoadThreadsPerRow;
-      const int key = t * kBlockN + r;
-      const uint8_t* src = static_cast<const uint8_t*>(p.kv_cache);
-      bool ok = key < kv_len;
-      if (ok) {
-        const int page = bt[key / p.block_size];
-        ok = page >= 0 && page < p.num_blocks;
-        if (ok) src += page * p.stride_cache_block_bytes + (key % p.block_size) * p.stride_cache_token_bytes;
-      }
-      if (sub == 0) flags[r] = ok;
-      const uint32_t dst = raw_base + r * C::kRawRowBytes;
-#pragma unroll
-      for (int c = 0; c < kOwnChunks; ++c) cp_async16(dst + 16 * own_chunk(sub, c), src + 16 * own_chunk(sub, c), ok);
-      if constexpr (kFormat == CacheFormat::kFp8DsMla) {
-        const int off = kDsMlaScaleOffset + 4 * sub;
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst + off), "l"(src + off), "r"(ok ? 4 : 0));
-#pragma unroll
-        for (int c = 0; c < 2; ++c) cp_async16(dst + kDsMlaRopeOffset + 16 * (2 * sub + c), src + kDsMlaRopeOffset + 16 * (2 * sub + c), ok);
-      }
-    };
-    auto convert_own = [&](int buf) {
-      const int r = tid / C::kLoadThreadsPerRow, sub = tid % C::kLoadThreadsPerRow;
-      const uint8_t* row = smem + C::kOffRaw + r * C::kRawRowBytes;
-      uint8_t* tile = smem + C::kOffTile + buf * C::kTileBytes;
-      const float sc = kFormat == CacheFormat::kFp8DsMla ? *reinterpret_cast<const float*>(row + kDsMlaScaleOffset + 4 * sub) : 1.f;
-#pragma unroll
-      for (int c = 0; c < kOwnChunks; ++c) {
-        const int rc = own_chunk(sub, c);
-        const uint4 v = *reinterpret_cast<const uint4*>(row + 16 * rc);
-        *reinterpret_cast<uint4*>(tile + swz<C::kRowBytes>(r, 2 * rc)) =
-            dequant8_e4m3<T, kFormat == CacheFormat::kFp8DsMla>(make_uint2(v.x, v.y), sc);
-        *reinterpret_cast<uint4*>(tile + swz<C::kRowBytes>(r, 2 * rc + 1)) =
-            dequant8_e4m3<T, kFormat == CacheFormat::kFp8DsMla>(make_uint2(v.z, v.w), sc);
-      }
-      if constexpr (kFormat == CacheFormat::kFp8DsMla) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int cc = 2 * sub + c;
-          uint4 v = *reinterpret_cast<const uint4*>(row + kDsMlaRopeOffset + 16 * cc);
-          if constexpr (!std::is_same_v<T, __nv_bfloat16>) {  // k_pe is stored as bf16
-            uint32_t* w = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[e]));
-              w[e] = pack2<T>(f.x, f.y);
-            }
-          }
-          *reinterpret_cast<uint4*>(tile + swz<C::kRowBytes>(r, kKvLoraRank / 8 + cc)) = v;
-        }
-      }
-      if (sub == 0) flags[(C::kStages + buf) * kBlockN + r] = flags[r];
-    };
-
     if (num_tiles > 0) {
       // Q rows of this block (padding rows zero-filled), in the first group.
       const T* q = static_cast<const T*>(p.q) + req * p.stride_q_b;
@@ -268,20 +202,10 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
         const T* src = ok ? q + s * p.stride_q_s + h * p.stride_q_h + 8 * ch : q;
         cp_async16(q_base + swz<C::kRowBytes>(r, ch), src, ok);
       }
-      if constexpr (C::kOverlap) {
-        // Tile 0 converted up front, tile 1 loading; visible to all after the loop's barrier.
-        load_own(tile_begin);
-        cp_async_commit();
-        cp_async_wait<0>();
-        convert_own(0);
-        if (num_tiles > 1) load_own(tile_begin + 1);
-        cp_async_commit();
-      } else {
 #pragma unroll
-        for (int s = 0; s < C::kPrefetch; ++s) {
-          if (s < num_tiles) load_tile(tile_begin + s, s);
-          cp_async_commit();
-        }
+      for (int s = 0; s < C::kPrefetch; ++s) {
+        if (s < num_tiles) load_tile(tile_begin + s, s);
+        cp_async_commit();
       }
     }
 
@@ -299,15 +223,11 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
 
     for (int i = 0; i < num_tiles; ++i) {
       const int stage = i % C::kStages;
+      cp_async_wait<C::kPrefetch - 1>();
+      __syncthreads();  // tile i landed for everyone; everyone is done with tile i - 1
       uint32_t kv_base;
       int flag_slot;
-      if constexpr (C::kOverlap) {
-        __syncthreads();  // tile i converted by everyone; everyone is done with tile i - 1
-        kv_base = smem_addr(smem + C::kOffTile + (i % 2) * C::kTileBytes);
-        flag_slot = C::kStages + i % 2;
-      } else if constexpr (C::kConvert) {
-        cp_async_wait<C::kPrefetch - 1>();
-        __syncthreads();  // tile i landed for everyone; everyone is done with tile i - 1
+      if constexpr (C::kConvert) {
         // Dequantise raw stage -> 16-bit swizzled tile, then reuse the raw stage for the next load.
         // Thread t converts row t / 4: raw 16-byte chunks rc = (t % 4) + 4 j (16 e4m3 -> output
         // chunks 2 rc, 2 rc + 1), so every branch and the fp8_ds_mla tile of each chunk
@@ -366,8 +286,6 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
         kv_base = smem_addr(tile);
         flag_slot = C::kStages;
       } else {
-        cp_async_wait<C::kPrefetch - 1>();
-        __syncthreads();  // tile i landed for everyone; everyone is done with tile i - 1
         if (i + C::kPrefetch < num_tiles) load_tile(tile_begin + i + C::kPrefetch, (i + C::kPrefetch) % C::kStages);
         cp_async_commit();
         kv_base = raw_base + stage * C::kRawStageBytes;
@@ -526,17 +444,6 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
             mma_16816<T>(o[mt][2 * np], pa[mt], vb[0], vb[1]);
             mma_16816<T>(o[mt][2 * np + 1], pa[mt], vb[2], vb[3]);
           }
-        }
-      }
-
-      if constexpr (C::kOverlap) {
-        // Dequantise tile i + 1 (its loads had all of tile i to land) into the other 16-bit
-        // tile while the tensor cores finish the MMAs above; then reuse the raw stage.
-        if (i + 1 < num_tiles) {
-          cp_async_wait<0>();
-          convert_own((i + 1) % 2);
-          if (i + 2 < num_tiles) load_own(tile_begin + i + 2);
-          cp_async_commit();
         }
       }
     }
