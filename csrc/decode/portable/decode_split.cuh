@@ -32,9 +32,18 @@
 #include "common/arch.h"
 #include "common/cuda_check.h"
 #include "decode/decode.h"
-#include "decode/portable/mma.cuh"
+#include "common/sm80.cuh"
 
 namespace mla::decode::portable {
+
+using sm80::cp_async16;
+using sm80::cp_async_commit;
+using sm80::cp_async_wait;
+using sm80::ldmatrix_x4;
+using sm80::ldmatrix_x4_trans;
+using sm80::mma_16816;
+using sm80::pack2;
+using sm80::smem_addr;
 
 inline constexpr int kSmemBudget = 227 * 1024;  // opt-in maximum per CTA on sm90 and sm100
 inline constexpr float kLn2 = 0.693147180559945309f;
