@@ -35,7 +35,7 @@ grep -E "Duration|DRAM Throughput|Achieved Occupancy|Registers Per Thread" "$out
 echo "== benchmarks"
 for bench in bench/bench_*.py; do
   name=$(basename "$bench" .py)
-  timeout 300 $py "$bench" --json "$out" > "$out/$name.txt" 2>&1 || { status=1; echo "$name FAILED"; }
+  timeout 150 $py "$bench" --json "$out" > "$out/$name.txt" 2>&1 || { status=1; echo "$name FAILED"; }
   tail -40 "$out/$name.txt"
 done
 printf '%s\n' "${summary[@]}"
