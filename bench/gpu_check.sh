@@ -4,10 +4,13 @@
 # Usage (from the repository root, with the built library in mla_ext/):
 #   bash bench/gpu_check.sh [OUT_DIR]        # OUT_DIR defaults to $OUT or bench/results/latest
 # Set MLA_EXT_COMMIT to the commit being measured (the GPU machine's copy has no .git).
-# Prints a short summary last; exits non-zero if a test or the sanitizer fails.
+# Prints a short summary last; exits non-zero if a test or the sanitizer fails. Everything it
+# writes is also packed into OUT_DIR/gpu_check.tar.gz (the device tool returns at most 8 files).
 set -uo pipefail
-out=${1:-${OUT:-bench/results/latest}}
-mkdir -p "$out"
+dest=${1:-${OUT:-bench/results/latest}}
+out=$(mktemp -d)
+trap 'tar -czf "$dest/gpu_check.tar.gz" -C "$out" . && cp "$out"/*.md "$dest"/ 2>/dev/null' EXIT
+mkdir -p "$dest"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
 py=${PYTHON:-python3}
 status=0
@@ -26,6 +29,12 @@ timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 5
 tail -3 "$out/sanitizer.txt"
 summary+=("memcheck: $(grep -h 'ERROR SUMMARY' "$out/sanitizer.txt" | tail -1), $(grep -E 'passed|failed' "$out/sanitizer.txt" | tail -1)")
 
+echo "== compute-sanitizer racecheck (small cases of the attention kernels)"
+timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 --print-limit 5 $py -m pytest -q -p no:cacheprovider \
+  -m gpu -k small tests/test_decode_gpu.py tests/test_sparse_gpu.py > "$out/racecheck.txt" 2>&1 || status=1
+tail -3 "$out/racecheck.txt"
+summary+=("racecheck: $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY' "$out/racecheck.txt" | tail -1), $(grep -E 'passed|failed' "$out/racecheck.txt" | tail -1)")
+
 echo "== Nsight Compute: cache write, fp8_ds_mla, 65536 tokens"
 timeout 120 ncu --clock-control none --nvtx --nvtx-include "mla_ext.profile/" -k regex:concat_and_cache -c 1 \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
@@ -35,7 +44,7 @@ grep -E "Duration|DRAM Throughput|Achieved Occupancy|Registers Per Thread" "$out
 echo "== benchmarks"
 for bench in bench/bench_*.py; do
   name=$(basename "$bench" .py)
-  timeout 300 $py "$bench" --json "$out" > "$out/$name.txt" 2>&1 || { status=1; echo "$name FAILED"; }
+  timeout 150 $py "$bench" --json "$out" > "$out/$name.txt" 2>&1 || { status=1; echo "$name FAILED"; }
   tail -40 "$out/$name.txt"
 done
 printf '%s\n' "${summary[@]}"

@@ -10,6 +10,7 @@ from . import reference
 from ._validate import MlaInputError
 from .absorb import AbsorbWeights, prepare_absorb_weights, q_absorb, v_up
 from .cache import concat_and_cache_mla
+from .decode import DecodePlan, decode_mla, get_decode_plan
 from .sparse import sparse_compressed_indices, sparse_decode_mla, sparse_indices_to_slots
 from .formats import (
     DS_MLA_ROW_BYTES,
@@ -32,6 +33,9 @@ __all__ = [
     "ROPE_DIM",
     "MlaInputError",
     "concat_and_cache_mla",
+    "DecodePlan",
+    "decode_mla",
+    "get_decode_plan",
     "empty_kv_cache",
     "reference",
     "sparse_compressed_indices",

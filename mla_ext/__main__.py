@@ -15,13 +15,15 @@ import torch
 
 import mla_ext
 from mla_ext.bench import absorb, cache_write
+from mla_ext.bench import decode as decode_bench
 from mla_ext.bench import sparse as sparse_bench
 
 # (op name, module with self_check(device) and bench(timer, roofline, quick)); each op joins here.
 OPS = [
     (cache_write.NAME, cache_write),
-    (absorb.NAME, absorb),
+    (decode_bench.NAME, decode_bench),
     (sparse_bench.NAME, sparse_bench),
+    (absorb.NAME, absorb),
 ]
 
 

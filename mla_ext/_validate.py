@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .formats import DS_MLA_ROW_BYTES, LATENT_DIM
+
 # Checked mode of the ops that take slots or indices (DESIGN.md §2): raise for out-of-range
 # entries instead of skipping them / treating them as invalid. Syncs with the GPU.
 CHECK_SLOTS_ENV = "MLA_EXT_CHECK_SLOTS"
@@ -82,3 +84,23 @@ def aligned_or_copy(t: torch.Tensor) -> torch.Tensor:
     bytes, which all the kernels' rows are). Not ``.contiguous()``: that returns an already
     contiguous but misaligned view (e.g. one starting at element 1) unchanged."""
     return t if aligned16(t) else t.clone(memory_format=torch.contiguous_format)
+
+
+def check_kv_cache_rows(kv_cache: torch.Tensor, kv_cache_dtype: str, fmt: str, scale: torch.Tensor | None,
+                        op: str) -> None:
+    """The cache's element type and row width for its format (DESIGN.md §2), and the fp8 scale.
+    ``fmt`` is the canonical format; the 'auto' dtype (the activations') is checked by the caller."""
+    if fmt == "auto":
+        check(kv_cache.shape[2] == LATENT_DIM, op,
+              f"kv_cache_dtype='auto' needs rows of {LATENT_DIM} elements, got kv_cache {list(kv_cache.shape)}")
+    elif fmt == "fp8":
+        check_dtype(kv_cache, "kv_cache", (torch.uint8, torch.float8_e4m3fn), op)
+        check(kv_cache.shape[2] == LATENT_DIM, op,
+              f"kv_cache_dtype='{kv_cache_dtype}' needs rows of {LATENT_DIM} bytes, got kv_cache {list(kv_cache.shape)}")
+        check(scale is not None, op, f"kv_cache_dtype='{kv_cache_dtype}' needs scale (float32 tensor of 1 element)")
+        check(scale.dtype == torch.float32 and scale.numel() == 1, op,
+              f"scale must be a float32 tensor with one element, got {scale.dtype} {list(scale.shape)}")
+    else:
+        check_dtype(kv_cache, "kv_cache", (torch.uint8,), op)
+        check(kv_cache.shape[2] == DS_MLA_ROW_BYTES, op,
+              f"kv_cache_dtype='fp8_ds_mla' needs rows of {DS_MLA_ROW_BYTES} bytes, got kv_cache {list(kv_cache.shape)}")

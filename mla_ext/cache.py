@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from ._validate import check, check_dtype, check_last_dim_contiguous, check_same_device, fail
+from ._validate import check, check_dtype, check_kv_cache_rows, check_last_dim_contiguous, check_same_device, fail
 from ._validate import checked_mode, raise_first_out_of_range
-from .formats import DS_MLA_ROW_BYTES, KV_LORA_RANK, LATENT_DIM, ROPE_DIM, canonical_format
+from .formats import KV_LORA_RANK, ROPE_DIM, canonical_format
 
 _OP = "concat_and_cache_mla"
 
@@ -39,19 +39,7 @@ def _validate(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale) -> None
     if fmt == "auto":
         check(kv_cache.dtype == kv_c.dtype, _OP,
               f"kv_cache_dtype='auto' stores kv_c's dtype {kv_c.dtype}, but kv_cache is {kv_cache.dtype}")
-        check(kv_cache.shape[2] == LATENT_DIM, _OP,
-              f"kv_cache_dtype='auto' needs rows of {LATENT_DIM} elements, got kv_cache {list(kv_cache.shape)}")
-    elif fmt == "fp8":
-        check_dtype(kv_cache, "kv_cache", (torch.uint8, torch.float8_e4m3fn), _OP)
-        check(kv_cache.shape[2] == LATENT_DIM, _OP,
-              f"kv_cache_dtype='{kv_cache_dtype}' needs rows of {LATENT_DIM} bytes, got kv_cache {list(kv_cache.shape)}")
-        check(scale is not None, _OP, f"kv_cache_dtype='{kv_cache_dtype}' needs scale (float32 tensor of 1 element)")
-        check(scale.dtype == torch.float32 and scale.numel() == 1, _OP,
-              f"scale must be a float32 tensor with one element, got {scale.dtype} {list(scale.shape)}")
-    else:
-        check_dtype(kv_cache, "kv_cache", (torch.uint8,), _OP)
-        check(kv_cache.shape[2] == DS_MLA_ROW_BYTES, _OP,
-              f"kv_cache_dtype='fp8_ds_mla' needs rows of {DS_MLA_ROW_BYTES} bytes, got kv_cache {list(kv_cache.shape)}")
+    check_kv_cache_rows(kv_cache, kv_cache_dtype, fmt, scale, _OP)
 
 
 def _check_slots_in_range(kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:

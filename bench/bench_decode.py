@@ -1,0 +1,51 @@
+"""Benchmark of dense paged decode (decode_mla) over the DESIGN.md §5 cases.
+
+    python bench/bench_decode.py [--quick] [--json bench/results] [--check]
+
+Each case: the plan is computed once (an engine plans once per step and reuses the plan in
+every layer), then the decode call (split kernel + combine) is timed with a cold L2, median of
+many. Copy bandwidth and the bf16 matmul rate are measured in the same run. NVTX ranges are named
+``mla_ext.decode_mla.<format>.b<b>.s<s_q>.h<h_q>.bs<block_size>`` for Nsight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from mla_ext.bench import decode  # noqa: E402
+from mla_ext.bench.harness import Timer, format_table, measure_roofline, write_results  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="only the headline cases")
+    parser.add_argument("--json", metavar="DIR", help="write decode_mla.json / .md into DIR")
+    parser.add_argument("--check", action="store_true", help="run the self-check against the reference first")
+    parser.add_argument("--only", metavar="TEXT", help="only the cases whose name contains TEXT")
+    parser.add_argument("--iters", type=int, default=50, help="timed calls per case (median reported)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA GPU: nothing to benchmark")
+        return 1
+    if args.check:
+        print(decode.self_check("cuda"))
+    timer = Timer(iters=args.iters)
+    roofline = measure_roofline(timer)
+    print(f"roofline: copy {roofline.copy_GBps:.0f} GB/s, bf16 matmul {roofline.bf16_mm_TFLOPS:.0f} TFLOPS")
+    rows = decode.bench(timer, roofline, quick=args.quick, only=args.only)
+    print(format_table(rows, decode.NAME))
+    summary = decode.bandwidth_summary(rows)
+    print(summary)
+    if args.json:
+        write_results(decode.NAME, rows, roofline, args.json, notes=summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+// Dense paged split-KV MLA decode: planner, split kernel(s), combine. Host API free of torch.
+//
+// A decode step runs three kernels, all on the caller's stream, none syncing with the host:
+//   1. plan (once per step, shared by every layer): seq_lens -> a schedule of `num_parts`
+//      parts, each a contiguous run of (request, 64-key tile) work, plus per request its number
+//      of splits and where its partial results go;
+//   2. split kernel (per layer): grid (num_parts, m_blocks); each CTA walks its part for one
+//      block of (s_q x h_q) query rows, writing the output directly for requests it covers
+//      whole and fp32 partials (o, lse) for split requests;
+//   3. combine (per layer): merges the partials of split requests by their lse.
+// The schedule only depends on seq_lens, s_q, h_q, the cache format and the SM count, so the
+// shapes of every buffer are fixed for a given batch size: the step is CUDA-graph capturable.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/types.h"
+
+namespace mla::decode {
+
+inline constexpr int kBlockN = 64;          // keys per tile: the planner's and kernels' work unit
+inline constexpr int kScheduleFields = 8;   // int32 per part, see ScheduleField
+inline constexpr int kSplitInfoFields = 2;  // int32 per request: num_splits, partial_base
+inline constexpr int kPlanOverheadTiles = 5;  // cost of one (request, part) piece beyond its tiles
+
+// One part of the schedule covers requests begin_req..end_req (inclusive; empty when
+// begin_req > end_req); tiles [begin_tile, ...) of begin_req, [..., end_tile) of end_req and all
+// tiles of the requests between. begin_split is the split index of its first piece.
+// kSplitReq: the request first cut at the end of this part (-1 if none): every split request
+// appears there exactly once, which is how combine finds them with a fixed grid.
+enum ScheduleField : int { kBeginReq = 0, kBeginTile, kEndReq, kEndTile, kBeginSplit, kSplitReq };
+
+// Query rows (s_q x h_q) per CTA: 16, 32 or 64, so that h_q = 16 does not pay for 64 rows.
+// (The format is an argument because a future kernel may size its tiles by it.)
+int block_m_for(int num_rows, CacheFormat format);
+int num_m_blocks(int num_rows, CacheFormat format);
+// Parts of the schedule for this shape: the SMs divided among the m-blocks (at least 1).
+int num_parts_for(int num_sms, int s_q, int h_q, CacheFormat format);
+// Upper bound on partial results (pieces of split requests) of any schedule with num_parts parts.
+inline int max_partials_for(int num_parts) { return 2 * num_parts; }
+
+struct PlanParams {
+  const int32_t* __restrict__ seq_lens;  // [b] int32 (negative = 0)
+  int32_t* __restrict__ schedule;        // [num_sms, kScheduleFields] int32, written
+  int32_t* __restrict__ split_info;      // [b, kSplitInfoFields] int32, written
+  int b;
+  int num_parts;                         // <= num_sms; parts past it are written empty
+  int num_sms;                           // rows of schedule
+  cudaStream_t stream;
+};
+
+void run_decode_plan(const PlanParams& params);
+
+struct DecodeParams {
+  const void* __restrict__ q;             // [b, s_q, h_q, 576] bf16/fp16, strides below, 16-B aligned rows
+  const void* __restrict__ kv_cache;      // [num_blocks, block_size, row] (row: 576 elems / 576 B / 656 B)
+  const int32_t* __restrict__ block_table;  // [b, max_blocks] int32
+  const int32_t* __restrict__ seq_lens;   // [b] int32
+  const float* __restrict__ scale;        // [1] fp32 per-tensor scale (kFp8), else nullptr
+  const int32_t* __restrict__ schedule;   // [num_sms, kScheduleFields] from the planner
+  const int32_t* __restrict__ split_info; // [b, kSplitInfoFields] from the planner
+  void* __restrict__ out;                 // [b, s_q, h_q, 512] q's dtype, strides below
+  float* __restrict__ lse;                // [b, h_q, s_q] fp32, strides below
+  float* __restrict__ partial_o;          // [max_partials, s_q * h_q, 512] fp32 workspace
+  float* __restrict__ partial_lse;        // [max_partials, s_q * h_q] fp32 workspace (log2 units)
+  int b, s_q, h_q;
+  int num_rows;                           // s_q * h_q
+  int num_parts;                          // grid.x; = num_parts_for(num_sms, ...)
+  int64_t stride_q_b, stride_q_s, stride_q_h;        // elements
+  int64_t stride_out_b, stride_out_s, stride_out_h;  // elements
+  int64_t stride_lse_b, stride_lse_h, stride_lse_s;  // elements
+  int64_t stride_cache_block_bytes, stride_cache_token_bytes;
+  int64_t stride_block_table_b;           // elements
+  int num_blocks, block_size, max_blocks;
+  float softmax_scale_log2;               // softmax_scale * log2(e): scores live in the exp2 domain
+  bool causal;
+  DType q_dtype;                          // kBF16 or kFP16; the MMAs run in this type
+  CacheFormat format;
+  cudaStream_t stream;
+};
+
+// Picks the kernel: the sm90 path where one exists and is not forced off, else the portable one.
+// Then runs combine. The caller ran the planner (same s_q, h_q, format, num_sms).
+void run_decode(const DecodeParams& params, int device, bool force_portable);
+
+// The pieces, for the dispatcher above.
+void run_decode_split_portable(const DecodeParams& params);
+void run_decode_combine(const DecodeParams& params);
+
+}  // namespace mla::decode

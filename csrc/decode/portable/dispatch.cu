@@ -1,0 +1,32 @@
+// Host dispatch of the portable split kernel: q dtype x cache format x rows per CTA.
+#include "common/dispatch.h"
+#include "decode/decode.h"
+
+#include <stdexcept>
+#include <string>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace mla::decode {
+namespace portable {
+// Defined in decode_split.cuh, instantiated in instantiations/split_<format>.cu.
+template <typename T, CacheFormat kFormat, int kBlockM>
+void launch_decode_split(const DecodeParams& p);
+}  // namespace portable
+
+void run_decode_split_portable(const DecodeParams& p) {
+  const int block_m = block_m_for(p.num_rows, p.format);
+  MLA_DISPATCH_HALF_TYPES(p.q_dtype, "q", [&] {
+    MLA_DISPATCH_CACHE_FORMAT(p.format, [&] {
+      switch (block_m) {
+        case 16: return portable::launch_decode_split<scalar_t, kFormat, 16>(p);
+        case 32: return portable::launch_decode_split<scalar_t, kFormat, 32>(p);
+        case 64: return portable::launch_decode_split<scalar_t, kFormat, 64>(p);
+        default: throw std::runtime_error("mla_ext: unsupported decode block_m " + std::to_string(block_m));
+      }
+    });
+  });
+}
+
+}  // namespace mla::decode

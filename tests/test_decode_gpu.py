@@ -1,0 +1,202 @@
+"""decode_mla on the GPU against the fp32 reference: formats, head counts, s_q, block sizes,
+edge lengths, NaN in every unused slot, pages in random order, CUDA graphs, torch.compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_close
+
+import mla_ext
+from mla_ext import reference
+from mla_ext.bench.decode import make_inputs, run_op, run_reference
+
+pytestmark = pytest.mark.gpu
+
+FORMATS = ("auto", "fp8", "fp8_ds_mla")
+
+
+def check(inp, causal, lse_atol=2e-3, **kw):
+    out, lse = run_op(inp, causal, **kw)
+    ref_out, ref_lse = run_reference(inp, causal)
+    assert out.dtype == inp["q"].dtype and lse.dtype == torch.float32
+    # out: bf16/fp16 rounding of P and of the result; lse: fp32 (inputs are exact in bf16).
+    assert_close(out, ref_out, cos_tol=2e-5, atol=2e-2, rtol=2e-2, name="out")
+    assert_close(lse, ref_lse, cos_tol=1e-7, atol=lse_atol, rtol=1e-4, name="lse")
+    return out, lse
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("h_q", [1, 3, 16, 32, 63, 64, 126, 128])
+def test_heads(fmt, h_q):
+    inp = make_inputs([0, 1, 63, 64, 65, 300, 1000], 1, h_q, 64, fmt, device="cuda")
+    check(inp, causal=True)
+
+
+@pytest.mark.parametrize("fmt", ["auto", "fp8_ds_mla"])
+@pytest.mark.parametrize("s_q,h_q", [(2, 16), (3, 16), (4, 32), (16, 16), (2, 128), (16, 128), (5, 7)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_s_q(fmt, s_q, h_q, causal):
+    inp = make_inputs([0, 1, 2, 15, 16, 17, 200, 777], s_q, h_q, 32, fmt, device="cuda")
+    check(inp, causal)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("block_size", [1, 16, 32, 61, 64, 128, 256])
+def test_block_sizes(fmt, block_size):
+    inp = make_inputs([1, 64, 65, 129, 700], 2, 16, block_size, fmt, device="cuda")
+    check(inp, causal=True)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fp16(fmt):
+    inp = make_inputs([0, 5, 100, 1500], 2, 64, 64, fmt, dtype=torch.float16, device="cuda")
+    check(inp, causal=True)
+
+
+def test_ds_mla_arbitrary_scales():
+    """Non-power-of-two tile scales: kv_c * scale is rounded once to bf16 for the MMAs, so the
+    kernel must match the reference on that bf16-rounded cache tightly, and the exact fp32
+    reference within bf16 rounding of the scores."""
+    inp = make_inputs([3, 300, 2000], 1, 16, 64, "fp8_ds_mla", device="cuda", arbitrary_scales=True)
+    out, lse = run_op(inp, True)
+    rounded = dict(inp, kv_cache=reference.dequantize_cache(inp["kv_cache"], "fp8_ds_mla").to(torch.bfloat16),
+                   kv_cache_dtype="auto")
+    ref_out, ref_lse = run_reference(rounded, True)
+    assert_close(out, ref_out, cos_tol=2e-5, atol=2e-2, rtol=2e-2, name="out")
+    assert_close(lse, ref_lse, cos_tol=1e-7, atol=2e-3, rtol=1e-4, name="lse")
+    exact_out, exact_lse = run_reference(inp, True)
+    assert_close(out, exact_out, cos_tol=1e-4, atol=5e-2, rtol=5e-2, name="out vs exact")
+    assert_close(lse, exact_lse, cos_tol=1e-6, atol=3e-2, rtol=1e-3, name="lse vs exact")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_padded_pages(fmt):
+    inp = make_inputs([10, 333], 1, 16, 16, fmt, device="cuda", page_pad=5)
+    assert inp["kv_cache"].stride(0) > 16 * inp["kv_cache"].stride(1)
+    check(inp, causal=True)
+
+
+@pytest.mark.parametrize("fmt", ["auto", "fp8_ds_mla"])
+def test_long_128k(fmt):
+    inp = make_inputs([128 * 1024 + 7], 1, 16, 64, fmt, device="cuda")
+    check(inp, causal=True)
+
+
+@pytest.mark.parametrize("b", [74, 1024])
+def test_large_batch(b):
+    lens = torch.randint(0, 300, (b,)).tolist()
+    inp = make_inputs(lens, 1, 16, 16, "auto", device="cuda")
+    check(inp, causal=True)
+
+
+def test_one_long_many_short():
+    lens = [20000] + torch.randint(1, 200, (40,)).tolist()
+    inp = make_inputs(lens, 2, 32, 64, "fp8_ds_mla", device="cuda")
+    check(inp, causal=True)
+
+
+def test_plan_matches_reference():
+    for b in (1, 7, 128, 1000):
+        lens = torch.randint(0, 70000 if b < 10 else 5000, (b,), dtype=torch.int32)
+        for s_q, h_q in ((1, 16), (2, 128), (16, 128)):
+            sched, info = mla_ext.get_decode_plan(lens.cuda(), s_q, h_q, "auto", num_sms=132)
+            ref_sched, ref_info = reference.decode_plan(lens, s_q, h_q, 132)
+            assert torch.equal(sched.cpu(), ref_sched) and torch.equal(info.cpu(), ref_info), (b, s_q, h_q)
+
+
+def test_seq_lens_past_block_table():
+    """Request 0 fills its 6 pages; its seq_len then claims 152 tokens: 96..111 fall on a table
+    entry pointing outside the cache, 112..151 past the table. Unchecked, both are skipped."""
+    inp = make_inputs([96, 50], 1, 16, 16, "auto", device="cuda")
+    assert inp["block_table"].shape[1] == 7
+    inp["seq_lens"][0] = 16 * 7 + 40
+    check(inp, causal=False)
+    with pytest.raises(IndexError, match="block_table has only"):
+        run_op(inp, False, checked=True)
+    inp["seq_lens"][0] = 100  # within the table, but page 6 is outside the cache
+    with pytest.raises(IndexError, match="outside the cache"):
+        run_op(inp, False, checked=True)
+
+
+def test_out_buffers_and_force_portable(monkeypatch):
+    inp = make_inputs([70, 900], 2, 16, 64, "auto", device="cuda")
+    big = torch.full((2, 2, 20, 512), 7.0, dtype=torch.bfloat16, device="cuda")
+    out = big[:, :, 2:18]  # strided view
+    lse = torch.empty(2, 16, 2, device="cuda")
+    o, l_ = run_op(inp, True, out=out, lse=lse, force_portable=True)
+    assert o.data_ptr() == out.data_ptr() and l_ is lse
+    ref_out, ref_lse = run_reference(inp, True)
+    assert_close(out, ref_out, cos_tol=2e-5, atol=2e-2, rtol=2e-2)
+    assert bool((big[:, :, :2] == 7).all()) and bool((big[:, :, 18:] == 7).all())
+    monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
+    check(inp, causal=True)
+
+
+def test_cuda_graph_replay():
+    """Capture plan + two layers' decode once; replay with new seq_lens values and cache contents."""
+    b, s_q, h_q, fmt = 6, 2, 16, "fp8_ds_mla"
+    static = make_inputs([300] * b, s_q, h_q, 64, fmt, device="cuda")
+    cap = {k: v for k, v in static.items()}
+    run = lambda: (lambda plan: (run_op(cap, True, plan=plan), run_op(cap, True, plan=plan)))(  # noqa: E731
+        mla_ext.get_decode_plan(cap["seq_lens"], s_q, h_q, fmt))
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run()  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        (o1, l1), (o2, l2) = run()
+    for lens in ([1, 0, 300, 64, 65, 299], [300, 300, 17, 1, 2, 250]):
+        fresh = make_inputs(lens, s_q, h_q, 64, fmt, device="cuda")
+        # same shapes: copy everything into the captured buffers
+        nb = fresh["kv_cache"].shape[0]
+        assert nb <= static["kv_cache"].shape[0]
+        cap["q"].copy_(fresh["q"])
+        cap["kv_cache"][:nb].copy_(fresh["kv_cache"])
+        cap["block_table"].fill_(1 << 30)
+        cap["block_table"][:, : fresh["block_table"].shape[1]].copy_(fresh["block_table"])
+        cap["seq_lens"].copy_(fresh["seq_lens"])
+        graph.replay()
+        torch.cuda.synchronize()
+        eager_out, eager_lse = run_op(cap, True)
+        assert torch.equal(o1, eager_out) and torch.equal(o2, eager_out)
+        assert torch.equal(l1, eager_lse) and torch.equal(l2, eager_lse)
+        ref_out, ref_lse = run_reference(cap, True)
+        assert_close(o1, ref_out, cos_tol=2e-5, atol=2e-2, rtol=2e-2)
+
+
+def test_torch_compile_fullgraph():
+    inp = make_inputs([10, 400], 1, 16, 64, "auto", device="cuda")
+
+    @torch.compile(fullgraph=True)
+    def step(q, kv_cache, block_table, seq_lens):
+        out, lse = torch.ops.mla_ext.decode_mla(q, kv_cache, block_table, seq_lens, 192**-0.5, "auto", True)
+        return out.float() * 2, lse
+
+    out, lse = step(inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"])
+    ref_out, ref_lse = run_reference(inp, True)
+    assert_close(out / 2, ref_out, cos_tol=2e-5, atol=2e-2, rtol=2e-2)
+    assert_close(lse, ref_lse, cos_tol=1e-7, atol=2e-3, rtol=1e-4)
+
+
+def test_opcheck():
+    inp = make_inputs([10, 100], 1, 16, 16, "fp8_ds_mla", device="cuda")
+    args = (inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"], 192**-0.5, "fp8_ds_mla", True, None)
+    torch.library.opcheck(torch.ops.mla_ext.decode_mla.default, args)
+    torch.library.opcheck(torch.ops.mla_ext.decode_plan.default, (inp["seq_lens"], 1, 16, "fp8_ds_mla", 132))
+    out = torch.empty(2, 1, 16, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(2, 16, 1, device="cuda")
+    torch.library.opcheck(torch.ops.mla_ext.decode_mla_out.default, args + (None, None, False, out, lse))
+
+
+def test_small_for_sanitizer():
+    """Kept tiny for compute-sanitizer (memcheck / racecheck): -k small."""
+    for fmt in FORMATS:
+        for s_q in (1, 2):  # 16- and 32-row tiles (the fp8 formats pipeline them differently)
+            inp = make_inputs([0, 3, 130], s_q, 16, 16, fmt, device="cuda")
+            check(inp, causal=True)
+    inp = make_inputs([70], 1, 64, 64, "auto", device="cuda")
+    check(inp, causal=True)

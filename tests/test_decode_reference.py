@@ -1,0 +1,193 @@
+"""decode_mla and decode_plan without a GPU: reference properties, the plan's invariants,
+schemas (opcheck on CPU), fakes under torch.compile, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mla_ext
+from mla_ext import reference
+from mla_ext.bench.decode import SOFTMAX_SCALE, make_inputs, run_op, run_reference
+
+
+def dense_attention(q, rows, scale, limits):
+    """Textbook attention for one request: q [s_q, h, 576], rows [n, 576] fp32."""
+    s_q = q.shape[0]
+    out = torch.zeros(s_q, q.shape[1], 512)
+    lse = torch.full((q.shape[1], s_q), float("-inf"))
+    for j in range(s_q):
+        n = limits[j]
+        if n == 0:
+            continue
+        scores = q[j].float() @ rows[:n].T * scale  # [h, n]
+        lse[:, j] = torch.logsumexp(scores, -1)
+        out[j] = torch.softmax(scores, -1) @ rows[:n, :512]
+    return out, lse
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_reference_matches_dense_attention(causal):
+    inp = make_inputs([0, 1, 5, 70], 3, 4, 16, "auto", device="cpu")
+    out, lse = run_reference(inp, causal)
+    rows = reference.dequantize_cache(inp["kv_cache"], "auto")
+    for i, n in enumerate([0, 1, 5, 70]):
+        pos = torch.arange(n)
+        seq_rows = rows[inp["block_table"][i].long()[pos // 16], pos % 16] if n else rows[:0, 0]
+        limits = reference.decode_key_limits(n, 3, causal)
+        ref_o, ref_l = dense_attention(inp["q"][i], seq_rows, SOFTMAX_SCALE, limits)
+        torch.testing.assert_close(out[i].float(), ref_o, atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(lse[i], ref_l)
+
+
+def test_reference_edge_semantics():
+    inp = make_inputs([0, 1, 2], 2, 3, 4, "auto", device="cpu")
+    out, lse = run_reference(inp, causal=True)
+    assert bool((out[0] == 0).all()) and bool(torch.isneginf(lse[0]).all())  # seq_len 0
+    # seq_len 1, s_q 2, causal: query 0 sees nothing, query 1 sees position 0 (out = its kv_c)
+    assert bool((out[1, 0] == 0).all()) and bool(torch.isneginf(lse[1, :, 0]).all())
+    row = reference.dequantize_cache(inp["kv_cache"], "auto")[inp["block_table"][1, 0], 0]
+    torch.testing.assert_close(out[1, 1].float(), row[:512].expand(3, 512).to(torch.bfloat16).float())
+    torch.testing.assert_close(lse[1, :, 1], inp["q"][1, 1].float() @ row * SOFTMAX_SCALE)
+    # s_q = 1: causal and not are the same
+    one = make_inputs([9, 40], 1, 2, 8, "fp8_ds_mla", device="cpu")
+    for a, b in zip(run_reference(one, True), run_reference(one, False)):
+        assert torch.equal(a, b)
+
+
+def test_reference_page_order_and_nan_slots():
+    """Same tokens in shuffled pages, with NaN everywhere else, give the same result."""
+    torch.manual_seed(1)
+    inp = make_inputs([33, 90], 2, 4, 8, "auto", device="cpu", shuffle=False)
+    perm = torch.randperm(inp["kv_cache"].shape[0])
+    shuffled = dict(inp)
+    shuffled["kv_cache"] = torch.empty_like(inp["kv_cache"])
+    shuffled["kv_cache"][perm] = inp["kv_cache"]
+    table = inp["block_table"].clone()
+    ok = table < inp["kv_cache"].shape[0]
+    table[ok] = perm[table[ok].long()].to(torch.int32)
+    shuffled["block_table"] = table
+    for a, b in zip(run_reference(inp, True), run_reference(shuffled, True)):
+        assert torch.equal(a, b)
+        assert not bool(torch.isnan(a).any())
+
+
+@pytest.mark.parametrize("num_sms", [1, 7, 132])
+@pytest.mark.parametrize("lens", [[0], [1], [65536], [0, 0, 5], [100] * 300, [70000, 3, 5, 1000, 64, 65]])
+@pytest.mark.parametrize("s_q,h_q", [(1, 16), (2, 128), (16, 128)])
+def test_plan_covers_every_tile_once(num_sms, lens, s_q, h_q):
+    sched, info = reference.decode_plan(torch.tensor(lens, dtype=torch.int32), s_q, h_q, num_sms)
+    tiles = [(n + 63) // 64 for n in lens]
+    seen = [[0] * t for t in tiles]
+    pieces = [[] for _ in lens]
+    listed = [row[5] for row in sched.tolist() if row[5] >= 0]
+    assert sorted(listed) == [r for r in range(len(lens)) if int(info[r, 0]) > 1], "split requests listed once"
+    for begin_req, begin_tile, end_req, end_tile, begin_split, *_ in sched.tolist():
+        for r in range(begin_req, end_req + 1):
+            t0 = begin_tile if r == begin_req else 0
+            t1 = end_tile if r == end_req else tiles[r]
+            pieces[r].append(begin_split if r == begin_req else 0)
+            for t in range(t0, t1):
+                seen[r][t] += 1
+    assert all(c == 1 for s in seen for c in s)
+    num_parts = reference.decode_num_parts(num_sms, s_q, h_q)
+    total_partials = 0
+    for r, p in enumerate(pieces):
+        assert sorted(p) == list(range(len(p))), "split indices 0..n-1, each once"
+        assert int(info[r, 0]) == len(p)
+        if len(p) > 1:
+            assert int(info[r, 1]) == total_partials
+            total_partials += len(p)
+        else:
+            assert int(info[r, 1]) == -1
+    assert total_partials <= 2 * num_parts
+
+
+def test_plan_balances_one_long_request():
+    sched, info = reference.decode_plan(torch.tensor([65536], dtype=torch.int32), 1, 16, 132)
+    sizes = [e - b for b, e in zip(sched[:, 1].tolist(), sched[:, 3].tolist()) if e > 0]
+    assert len(sizes) > 100 and max(sizes) <= 2 * (1024 // 132 + 1)
+
+
+def test_cpu_op_and_wrapper():
+    inp = make_inputs([5, 77], 2, 3, 16, "fp8", device="cpu")
+    plan = mla_ext.get_decode_plan(inp["seq_lens"], 2, 3, "fp8")
+    assert plan.schedule.shape == (132, 8) and plan.split_info.shape == (2, 2)
+    out, lse = run_op(inp, True, plan=plan)
+    ref_out, ref_lse = run_reference(inp, True)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    o = torch.empty(2, 2, 3, 512, dtype=torch.bfloat16)
+    res = run_op(inp, True, out=o)
+    assert res[0] is o and torch.equal(o, ref_out)
+
+
+def test_opcheck_cpu():
+    inp = make_inputs([5, 40], 1, 2, 16, "fp8_ds_mla", device="cpu")
+    args = (inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"], SOFTMAX_SCALE, "fp8_ds_mla", True, None)
+    torch.library.opcheck(torch.ops.mla_ext.decode_mla.default, args)
+    torch.library.opcheck(torch.ops.mla_ext.decode_plan.default, (inp["seq_lens"], 1, 2, "fp8_ds_mla", 16))
+    out, lse = torch.empty(2, 1, 2, 512, dtype=torch.bfloat16), torch.empty(2, 2, 1)
+    torch.library.opcheck(torch.ops.mla_ext.decode_mla_out.default, args + (None, None, False, out, lse))
+
+
+def test_fake_under_compile():
+    inp = make_inputs([5, 40], 2, 2, 16, "auto", device="cpu")
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def step(q, kv_cache, block_table, seq_lens):
+        sched, info = torch.ops.mla_ext.decode_plan(seq_lens, 2, 2, "auto", 8)
+        out, lse = torch.ops.mla_ext.decode_mla(q, kv_cache, block_table, seq_lens, SOFTMAX_SCALE, "auto", True,
+                                                None, sched, info)
+        return out * 2, lse
+
+    out, lse = step(inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"])
+    ref_out, ref_lse = run_reference(inp, True)
+    assert torch.equal(out, ref_out * 2) and torch.equal(lse, ref_lse)
+
+
+def _bad(inp, **changes):
+    args = dict(inp)
+    args.update(changes)
+    return args
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda i: dict(q=i["q"][..., :512]), r"q must be \[b, s_q, h_q, 576\]"),
+    (lambda i: dict(q=i["q"].float()), "q must be bfloat16 or float16"),
+    (lambda i: dict(q=torch.randn(2, 17, 4, 576, dtype=torch.bfloat16)), r"s_q .* must be in \[1, 16\]"),
+    (lambda i: dict(q=i["q"].half()), "kv_cache_dtype='auto' needs a kv_cache of q's dtype"),
+    (lambda i: dict(kv_cache=i["kv_cache"][..., :512]), "rows of 576 elements"),
+    (lambda i: dict(kv_cache_dtype="fp8_ds_mla"), "kv_cache must be uint8"),
+    (lambda i: dict(kv_cache=i["kv_cache"].transpose(1, 2)), "kv_cache's last dim must be contiguous|rows of 576"),
+    (lambda i: dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.uint8), kv_cache_dtype="fp8_ds_mla"), "rows of 656 bytes"),
+    (lambda i: dict(kv_cache=torch.zeros(4, 16, 656, dtype=torch.uint8), kv_cache_dtype="fp8"), "rows of 576 bytes"),
+    (lambda i: dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.uint8), kv_cache_dtype="fp8"), "needs scale"),
+    (lambda i: dict(kv_cache_dtype="int4"), "kv_cache_dtype must be one of"),
+    (lambda i: dict(block_table=i["block_table"].long()), "block_table must be int32"),
+    (lambda i: dict(block_table=i["block_table"][:1]), r"block_table must be \[b=2"),
+    (lambda i: dict(seq_lens=i["seq_lens"].long()), "seq_lens must be int32"),
+    (lambda i: dict(seq_lens=i["seq_lens"][:1]), r"seq_lens must be \[b=2\]"),
+])
+def test_bad_input(change, match):
+    inp = make_inputs([5, 40], 2, 4, 16, "auto", device="cpu")
+    with pytest.raises(mla_ext.MlaInputError, match=match):
+        run_op(_bad(inp, **change(inp)), True)
+
+
+def test_bad_values_and_plan():
+    inp = make_inputs([5, 40], 1, 4, 16, "auto", device="cpu")
+    inp["seq_lens"][1] = 16 * inp["block_table"].shape[1] + 1
+    with pytest.raises(IndexError, match="block_table has only"):
+        run_op(inp, True)  # the CPU implementation always checks values
+    inp = make_inputs([5, 40], 1, 4, 16, "auto", device="cpu")
+    inp["block_table"][1, 0] = 10**6
+    with pytest.raises(IndexError, match="outside the cache"):
+        run_op(inp, True)
+    inp = make_inputs([5, 40], 1, 4, 16, "auto", device="cpu")
+    other = mla_ext.get_decode_plan(torch.tensor([3], dtype=torch.int32), 1, 4)
+    with pytest.raises(mla_ext.MlaInputError, match=r"split_info must be int32 \[b=2"):
+        run_op(inp, True, plan=other)
+    with pytest.raises(mla_ext.MlaInputError, match=r"s_q must be in \[1, 16\]"):
+        mla_ext.get_decode_plan(inp["seq_lens"], 0, 4)
+    with pytest.raises(mla_ext.MlaInputError, match="seq_lens must be int32"):
+        mla_ext.get_decode_plan(inp["seq_lens"].long(), 1, 4)
