@@ -25,7 +25,7 @@ summary+=("tests: $(tail -1 "$out/pytest.txt")")
 
 echo "== compute-sanitizer memcheck (small cases of every op)"
 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 5 $py -m pytest -q -p no:cacheprovider \
-  -m gpu -k "sanitizer or small" tests > "$out/sanitizer.txt" 2>&1 || status=1
+  -m gpu -k "sanitizer or small or padding_and_int32 or empty_cache" tests > "$out/sanitizer.txt" 2>&1 || status=1
 tail -3 "$out/sanitizer.txt"
 summary+=("memcheck: $(grep -h 'ERROR SUMMARY' "$out/sanitizer.txt" | tail -1), $(grep -E 'passed|failed' "$out/sanitizer.txt" | tail -1)")
 

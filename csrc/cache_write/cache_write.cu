@@ -1,10 +1,12 @@
 // concat_and_cache_mla kernel.
 //
-// Grid mapping: one warp per token at a time; 8 warps per CTA; a persistent grid of at most
+// Grid mapping: one warp per token at a time; 8 warps per CTA; a persistent grid of
 // kBlocksPerSm CTAs per SM, each warp striding over tokens (token += all warps in the grid).
-// While a warp converts and stores token t it already has token t + stride's loads in flight
-// (register prefetch), so loads stay in flight without the register cost of a wider unroll
-// (two tokens unrolled per warp took 81 registers and ran slower; measured 2026-11-29).
+// Memory-bound, so what matters is bytes in flight: each warp keeps kStages tokens' inputs in
+// flight with cp.async into shared memory (no registers held while they land) and converts and
+// stores the oldest. Inputs that are not 16-byte aligned take a byte-wise path with one token of
+// register prefetch. (Register prefetch on the vector path too reached 0.75-0.89 of the copy
+// bandwidth at 40 warps/SM; two tokens unrolled per warp took 81 registers and ran slower.)
 // Every lane owns the same elements of a token in every format, so each warp-wide access is
 // one contiguous, coalesced span (an earlier mapping of 16 consecutive elements per lane made
 // every load instruction touch twice the sectors it used):
@@ -25,6 +27,7 @@
 #include "common/arch.h"
 #include "common/cuda_check.h"
 #include "common/dispatch.h"
+#include "common/sm80.cuh"
 #include "common/vec.cuh"
 
 namespace mla {
@@ -32,7 +35,8 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = 32 * kWarpsPerBlock;
-constexpr int kBlocksPerSm = 5;  // 40 resident warps at <= 51 registers: the vector paths need 34-50, no spills
+constexpr int kStages = 4;       // tokens per warp in flight (vector path), 1408 B of smem each
+constexpr int kBlocksPerSm = 4;  // 45 KB of stages per CTA: 4 CTAs (32 warps, 128 tokens) per SM
 
 // fp8_ds_mla tile scale: s = 2^ceil(log2(max(amax / 448, 1e-4))), computed exactly from the bits
 // (no log2f rounding): v = 1.m * 2^e, so ceil(log2 v) = e, plus one when the mantissa is not 0.
@@ -123,13 +127,9 @@ struct LaneToken {
   uint8_t* row;     // destination row, nullptr when the token is skipped (warp-uniform)
 };
 
-template <typename scalar_t, CacheFormat kFormat, bool kVec>
-__device__ __forceinline__ LaneToken load_token(const CacheWriteParams& p, int64_t token, int lane) {
-  LaneToken t{};
-  t.row = nullptr;
-  if (token >= p.num_tokens) return t;
-  const int64_t slot = p.slot_mapping[token];
-  if (slot < 0 || slot >= p.num_slots) return t;  // padding, or out of range: never write
+// The destination row of a slot, or nullptr for padding (< 0) and out-of-range slots.
+__device__ __forceinline__ uint8_t* row_for_slot(const CacheWriteParams& p, int64_t slot) {
+  if (slot < 0 || slot >= p.num_slots) return nullptr;  // padding, or out of range: never write
   // 64-bit division is a ~70-instruction subroutine, issued once per token by every lane; the
   // 32-bit one is a few instructions. The branch is uniform (the cache's size).
   int64_t block, offset;
@@ -141,13 +141,43 @@ __device__ __forceinline__ LaneToken load_token(const CacheWriteParams& p, int64
     block = slot / p.block_size;
     offset = slot - block * p.block_size;
   }
-  t.row = static_cast<uint8_t*>(p.kv_cache) + block * p.stride_cache_block_bytes + offset * p.stride_cache_token_bytes;
+  return static_cast<uint8_t*>(p.kv_cache) + block * p.stride_cache_block_bytes + offset * p.stride_cache_token_bytes;
+}
+
+// Byte-wise path: the loads of one token into registers.
+template <typename scalar_t>
+__device__ __forceinline__ LaneToken load_token_bytewise(const CacheWriteParams& p, int64_t token, int lane) {
+  LaneToken t{};
+  t.row = token < p.num_tokens ? row_for_slot(p, p.slot_mapping[token]) : nullptr;
+  if (t.row == nullptr) return t;
   const auto* kv_c = static_cast<const scalar_t*>(p.kv_c) + token * p.stride_kv_c_token;
   const auto* k_pe = static_cast<const scalar_t*>(p.k_pe) + token * p.stride_k_pe_token;
-  t.kv_c[0] = load16<kVec>(kv_c + 8 * lane);
-  t.kv_c[1] = load16<kVec>(kv_c + kKvLoraRank / 2 + 8 * lane);
-  t.k_pe = load4<kVec>(k_pe + 2 * lane);
+  t.kv_c[0] = load16<false>(kv_c + 8 * lane);
+  t.kv_c[1] = load16<false>(kv_c + kKvLoraRank / 2 + 8 * lane);
+  t.k_pe = load4<false>(k_pe + 2 * lane);
   return t;
+}
+
+// Vector path: one token's inputs, staged by cp.async. Each lane reads back only what it copied
+// itself, so the stage needs no warp synchronisation, only cp.async.wait_group.
+struct alignas(16) TokenStage {
+  uint4 kv_c[2][32];  // [piece][lane]
+  uint32_t k_pe[32];
+  int64_t slot[32];   // every lane keeps its own copy of the token's slot
+};
+static_assert(sizeof(TokenStage) == 1408);
+
+template <typename scalar_t>
+__device__ __forceinline__ void issue_token_copy(const CacheWriteParams& p, int64_t token, TokenStage& st, int lane) {
+  if (token < p.num_tokens) {
+    const auto* kv_c = static_cast<const scalar_t*>(p.kv_c) + token * p.stride_kv_c_token;
+    const auto* k_pe = static_cast<const scalar_t*>(p.k_pe) + token * p.stride_k_pe_token;
+    sm80::cp_async16(sm80::smem_addr(&st.kv_c[0][lane]), kv_c + 8 * lane, true);
+    sm80::cp_async16(sm80::smem_addr(&st.kv_c[1][lane]), kv_c + kKvLoraRank / 2 + 8 * lane, true);
+    sm80::cp_async_ca<4>(sm80::smem_addr(&st.k_pe[lane]), k_pe + 2 * lane);
+    sm80::cp_async_ca<8>(sm80::smem_addr(&st.slot[lane]), p.slot_mapping + token);
+  }
+  sm80::cp_async_commit();  // an empty group past the end keeps the wait counts uniform
 }
 
 template <typename scalar_t, CacheFormat kFormat, bool kVec>
@@ -217,11 +247,34 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   // The fp8 per-tensor divisor, read and prepared once per thread.
   Divisor d{};
   if constexpr (kFormat == CacheFormat::kFp8) d = make_divisor(*p.scale);
-  LaneToken current = load_token<scalar_t, kFormat, kVec>(p, token, lane);
-  for (; token < p.num_tokens; token += stride) {
-    const LaneToken next = load_token<scalar_t, kFormat, kVec>(p, token + stride, lane);
-    if (current.row != nullptr) store_token<scalar_t, kFormat, kVec>(current, d, lane);
-    current = next;
+
+  if constexpr (kVec) {
+    // kStages tokens per warp in flight through cp.async, without holding registers.
+    __shared__ TokenStage stages[kWarpsPerBlock][kStages];
+    TokenStage* my = stages[threadIdx.x / 32];
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) issue_token_copy<scalar_t>(p, token + s * stride, my[s], lane);
+    for (int k = 0; token < p.num_tokens; token += stride, k = (k + 1) % kStages) {
+      sm80::cp_async_wait<kStages - 1>();
+      LaneToken t;
+      t.row = row_for_slot(p, my[k].slot[lane]);
+      if (t.row != nullptr) {
+        t.kv_c[0].v = my[k].kv_c[0][lane];
+        t.kv_c[1].v = my[k].kv_c[1][lane];
+        t.k_pe = my[k].k_pe[lane];
+        store_token<scalar_t, kFormat, kVec>(t, d, lane);
+      }
+      // Refill the stage only after its values were consumed (the global stores above use them).
+      issue_token_copy<scalar_t>(p, token + kStages * stride, my[k], lane);
+    }
+  } else {
+    // Byte-wise (unaligned) inputs: one token of register prefetch.
+    LaneToken current = load_token_bytewise<scalar_t>(p, token, lane);
+    for (; token < p.num_tokens; token += stride) {
+      const LaneToken next = load_token_bytewise<scalar_t>(p, token + stride, lane);
+      if (current.row != nullptr) store_token<scalar_t, kFormat, kVec>(current, d, lane);
+      current = next;
+    }
   }
 }
 

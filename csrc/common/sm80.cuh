@@ -22,6 +22,12 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
+// 4- or 8-byte global -> shared copy (through L1: cp.async.cg only exists for 16 bytes).
+template <int kBytes>
+__device__ __forceinline__ void cp_async_ca(uint32_t dst, const void* src) {
+  static_assert(kBytes == 4 || kBytes == 8, "cp.async.ca copies 4, 8 or 16 bytes");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(kBytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
