@@ -35,16 +35,24 @@ def _check(q, cache, idx, fmt, topk_length=None, sink=None):
 
 
 def _within_bf16_row_error(out, r16, ref, *, atol, name):
-    """Against the fp32 spec: at most twice the error that the same computation in PyTorch on
-    the bf16-rounded rows makes, plus atol (FlashAttention-3's "k times the same-precision
-    path", that path's output rounded to the kernel's output dtype like the kernel's is).
+    """Against the fp32 spec: per element, at most twice the largest error that the same
+    computation in PyTorch on the bf16-rounded rows makes, plus atol, plus one unit in the last
+    place of the output dtype (the kernel rounds P and out to 16 bits; the references round only
+    out, so both can land one ulp apart). FlashAttention-3's "k times the same-precision path".
     Non-power-of-two fp8_ds_mla scales make that error reach ~0.03 on a few elements."""
-    out, r16, ref = out.float(), r16.to(out.dtype).float(), ref.float()
+    ulp = 2.0**-7 if out.dtype == torch.bfloat16 else (2.0**-10 if out.dtype == torch.float16 else 0.0)
+    out, r16, ref = out.float(), r16.float(), ref.float()
     assert torch.equal(torch.isinf(out), torch.isinf(ref)) and not torch.isnan(out).any(), f"{name}: inf/NaN differ"
     fin = torch.isfinite(ref)
-    err = (out[fin] - ref[fin]).abs().max().item() if fin.any() else 0.0
-    same_precision = (r16[fin] - ref[fin]).abs().max().item() if fin.any() else 0.0
-    assert err <= 2 * same_precision + atol, f"{name}: max error {err:.3g} vs fp32 spec > 2 x {same_precision:.3g} + {atol}"
+    if not fin.any():
+        return
+    err = (out[fin] - ref[fin]).abs()
+    same_precision = (r16[fin] - ref[fin]).abs().max().item()
+    bound = 2 * same_precision + atol + ulp * ref[fin].abs()
+    worst = int(torch.argmax(err - bound))
+    assert bool((err <= bound).all()), (
+        f"{name}: error {err[worst].item():.3g} at |ref| {ref[fin][worst].abs().item():.3g} vs fp32 spec > "
+        f"2 x {same_precision:.3g} + {atol} + {ulp:g} |ref|")
 
 
 def _case(b, s_q, h_q, topk, block_size, fmt, pad_pages=False):
