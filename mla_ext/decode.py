@@ -7,12 +7,12 @@ with new ``seq_lens`` values (the plan's shapes only depend on the batch size).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
 
 import torch
 
 from . import reference
-from ._validate import check, check_dtype, check_kv_cache_rows, check_same_device, checked_mode, fail
+from ._validate import aligned_or_copy, check, check_dtype, check_kv_cache_rows, check_same_device, checked_mode, fail
 from .formats import KV_LORA_RANK, LATENT_DIM, canonical_format
 
 _OP = "decode_mla"
@@ -20,11 +20,21 @@ _PLAN_OP = "decode_plan"
 MAX_S_Q = 16
 
 
-class DecodePlan(NamedTuple):
-    """Schedule of one decode step (see :func:`get_decode_plan`)."""
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+    """Schedule of one decode step (see :func:`get_decode_plan`). Unpacks as
+    ``schedule, split_info``. The geometry it was made for is kept so that :func:`decode_mla`
+    can refuse a plan of another ``s_q``, ``h_q`` or format (whose schedule would leave parts of
+    the output uncomputed)."""
 
     schedule: torch.Tensor  # int32 [num_sms, 8]
     split_info: torch.Tensor  # int32 [b, 2]
+    s_q: int | None = None
+    h_q: int | None = None
+    kv_cache_dtype: str | None = None  # canonical format name
+
+    def __iter__(self):
+        return iter((self.schedule, self.split_info))
 
 
 def _validate_plan_args(seq_lens, s_q, h_q, kv_cache_dtype, num_sms) -> None:
@@ -38,6 +48,23 @@ def _validate_plan_args(seq_lens, s_q, h_q, kv_cache_dtype, num_sms) -> None:
     check(1 <= s_q <= MAX_S_Q, _PLAN_OP, f"s_q must be in [1, {MAX_S_Q}], got {s_q}")
     check(h_q >= 1, _PLAN_OP, f"h_q must be >= 1, got {h_q}")
     check(1 <= num_sms <= 4096, _PLAN_OP, f"num_sms must be in [1, 4096], got {num_sms}")
+
+
+def _check_plan_geometry(plan: DecodePlan, q: torch.Tensor, kv_cache_dtype: str) -> None:
+    if plan.s_q is None:
+        return  # built by hand from a schedule and split_info: only their shapes can be checked
+    _, s_q, h_q, _ = q.shape
+    fmt = canonical_format(kv_cache_dtype)
+    check((plan.s_q, plan.h_q, plan.kv_cache_dtype) == (s_q, h_q, fmt), _OP,
+          f"plan was made for s_q={plan.s_q}, h_q={plan.h_q}, kv_cache_dtype='{plan.kv_cache_dtype}' but this call "
+          f"has s_q={s_q}, h_q={h_q}, kv_cache_dtype='{fmt}': make a plan with get_decode_plan for this geometry")
+
+
+def _check_no_zero_strides(t: torch.Tensor, name: str) -> None:
+    """Output buffers must not alias themselves (an expanded tensor would have many CTAs write
+    one element)."""
+    check(all(st != 0 for st, n in zip(t.stride(), t.shape) if n > 1), _OP,
+          f"{name} must not have zero strides (an expanded view), got strides {tuple(t.stride())}")
 
 
 def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype, causal, scale,
@@ -71,7 +98,8 @@ def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype,
     check(seq_lens.dim() == 1 and seq_lens.shape[0] == b, _OP, f"seq_lens must be [b={b}], got {list(seq_lens.shape)}")
     check((schedule is None) == (split_info is None), _OP, "pass schedule and split_info together (a DecodePlan)")
     if schedule is not None:
-        check(schedule.dtype == torch.int32 and schedule.dim() == 2 and schedule.shape[1] == reference.DECODE_SCHEDULE_FIELDS,
+        check(schedule.dtype == torch.int32 and schedule.dim() == 2 and schedule.shape[1] == reference.DECODE_SCHEDULE_FIELDS
+              and 1 <= schedule.shape[0] <= 4096,
               _OP, f"schedule must be int32 [num_sms, {reference.DECODE_SCHEDULE_FIELDS}] from get_decode_plan, "
               f"got {schedule.dtype} {list(schedule.shape)}")
         check(split_info.dtype == torch.int32 and list(split_info.shape) == [b, reference.DECODE_SPLIT_INFO_FIELDS],
@@ -80,9 +108,11 @@ def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype,
     if out is not None:
         check(out.dtype == q.dtype and list(out.shape) == [b, s_q, h_q, KV_LORA_RANK], _OP,
               f"out must be {q.dtype} [{b}, {s_q}, {h_q}, {KV_LORA_RANK}], got {out.dtype} {list(out.shape)}")
+        _check_no_zero_strides(out, "out")
     if lse is not None:
         check(lse.dtype == torch.float32 and list(lse.shape) == [b, h_q, s_q], _OP,
               f"lse must be float32 [{b}, {h_q}, {s_q}], got {lse.dtype} {list(lse.shape)}")
+        _check_no_zero_strides(lse, "lse")
 
 
 def _check_values(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor) -> None:
@@ -134,14 +164,17 @@ def get_decode_plan(
     -------
     DecodePlan
         ``schedule`` int32 ``[num_sms, 8]`` and ``split_info`` int32 ``[b, 2]``. Pass it to every
-        :func:`decode_mla` call of the step with the same ``s_q``, ``h_q``, format and batch.
+        :func:`decode_mla` call of the step with the same ``s_q``, ``h_q``, format and batch, and
+        plan again whenever ``seq_lens`` change (a stale plan covers the old lengths only). Callers
+        of ``torch.ops.mla_ext.decode_mla`` directly must keep to the same rule: the op can check
+        the batch size, not the geometry.
     """
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(seq_lens.device).multi_processor_count \
             if seq_lens.is_cuda else 132
     _validate_plan_args(seq_lens, s_q, h_q, kv_cache_dtype, num_sms)
     schedule, split_info = torch.ops.mla_ext.decode_plan(seq_lens, s_q, h_q, kv_cache_dtype, num_sms)
-    return DecodePlan(schedule, split_info)
+    return DecodePlan(schedule, split_info, s_q, h_q, canonical_format(kv_cache_dtype))
 
 
 def decode_mla(
@@ -209,9 +242,11 @@ def decode_mla(
     >>> plan = mla_ext.get_decode_plan(seq_lens, s_q=1, h_q=16)
     >>> out, lse = mla_ext.decode_mla(q, cache, block_table, seq_lens, 192 ** -0.5, plan=plan)
     """
-    if q.dim() == 4 and q.stride(-1) == 1 and any(s % 8 for s in q.stride()[:3]):
-        q = q.contiguous()  # the kernel reads 16-byte aligned query rows
+    if q.dim() == 4 and q.stride(-1) == 1 and q.is_cuda:
+        q = aligned_or_copy(q)  # the kernel reads 16-byte aligned query rows
     schedule, split_info = (plan.schedule, plan.split_info) if plan is not None else (None, None)
+    if plan is not None and q.dim() == 4:
+        _check_plan_geometry(plan, q, kv_cache_dtype)
     _validate(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype, causal, scale,
               schedule, split_info, out, lse)
     if checked_mode(checked):
@@ -249,7 +284,8 @@ def _reference_cpu(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_d
                    split_info, out=None, lse=None):
     _validate(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype, causal, scale, schedule, split_info,
               out, lse)
-    _check_values(kv_cache, block_table, seq_lens)  # cheap without a GPU: always checked
+    # Like the CUDA kernel: positions without a valid page are skipped; checked mode (the
+    # wrapper's `checked`) raises for them instead.
     return reference.decode_mla(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype, causal, scale)
 
 

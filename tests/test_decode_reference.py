@@ -175,19 +175,45 @@ def test_bad_input(change, match):
 
 
 def test_bad_values_and_plan():
+    # Values: checked mode raises; unchecked, the CPU op skips such positions like the kernel.
     inp = make_inputs([5, 40], 1, 4, 16, "auto", device="cpu")
     inp["seq_lens"][1] = 16 * inp["block_table"].shape[1] + 1
     with pytest.raises(IndexError, match="block_table has only"):
-        run_op(inp, True)  # the CPU implementation always checks values
+        run_op(inp, True, checked=True)
+    out, lse = run_op(inp, True)  # (positions 40..47 are in the table but unwritten: NaN rows)
+    ref_out, ref_lse = run_reference(inp, True)
+    torch.testing.assert_close(out, ref_out, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(lse, ref_lse, rtol=0, atol=0, equal_nan=True)
     inp = make_inputs([5, 40], 1, 4, 16, "auto", device="cpu")
     inp["block_table"][1, 0] = 10**6
     with pytest.raises(IndexError, match="outside the cache"):
-        run_op(inp, True)
+        run_op(inp, True, checked=True)
+    # Plans: another batch, another geometry, a hand-made empty schedule.
     inp = make_inputs([5, 40], 1, 4, 16, "auto", device="cpu")
     other = mla_ext.get_decode_plan(torch.tensor([3], dtype=torch.int32), 1, 4)
     with pytest.raises(mla_ext.MlaInputError, match=r"split_info must be int32 \[b=2"):
         run_op(inp, True, plan=other)
+    for s_q, h_q, fmt in ((2, 4, "auto"), (1, 128, "auto"), (1, 4, "fp8_ds_mla")):
+        wrong = mla_ext.get_decode_plan(inp["seq_lens"], s_q, h_q, fmt)
+        with pytest.raises(mla_ext.MlaInputError, match="plan was made for"):
+            run_op(inp, True, plan=wrong)
+    right = mla_ext.get_decode_plan(inp["seq_lens"], 1, 4, "auto")
+    empty = mla_ext.DecodePlan(right.schedule[:0], right.split_info)
+    with pytest.raises(mla_ext.MlaInputError, match="schedule must be int32"):
+        run_op(inp, True, plan=empty)
+    sched, info = right  # unpacks like a pair
+    assert sched is right.schedule and info is right.split_info
     with pytest.raises(mla_ext.MlaInputError, match=r"s_q must be in \[1, 16\]"):
         mla_ext.get_decode_plan(inp["seq_lens"], 0, 4)
     with pytest.raises(mla_ext.MlaInputError, match="seq_lens must be int32"):
         mla_ext.get_decode_plan(inp["seq_lens"].long(), 1, 4)
+
+
+def test_expanded_out_buffers_are_refused():
+    inp = make_inputs([5, 40], 1, 4, 16, "auto", device="cpu")
+    out = torch.empty(1, 1, 1, 512, dtype=torch.bfloat16).expand(2, 1, 4, 512)
+    with pytest.raises(mla_ext.MlaInputError, match="out must not have zero strides"):
+        run_op(inp, True, out=out)
+    lse = torch.empty(1, 1, 1).expand(2, 4, 1)
+    with pytest.raises(mla_ext.MlaInputError, match="lse must not have zero strides"):
+        run_op(inp, True, lse=lse)

@@ -18,8 +18,8 @@ constexpr const char* kOp = "decode_mla";
 void check_plan_shape(const Tensor& schedule, const Tensor& split_info, int64_t b, int device, const char* op) {
   check_cuda(schedule, "schedule", op, device);
   check_cuda(split_info, "split_info", op, device);
-  MLA_ARG_CHECK(schedule.scalar_type() == ScalarType::Int && schedule.dim() == 2 &&
-                    schedule.size(1) == decode::kScheduleFields && schedule.is_contiguous(),
+  MLA_ARG_CHECK(schedule.scalar_type() == ScalarType::Int && schedule.dim() == 2 && schedule.size(0) >= 1 &&
+                    schedule.size(0) <= 4096 && schedule.size(1) == decode::kScheduleFields && schedule.is_contiguous(),
                 op, "schedule must be a contiguous int32 [num_sms, " << decode::kScheduleFields
                                                                      << "] tensor from decode_plan, got " << shape_str(schedule));
   MLA_ARG_CHECK(split_info.scalar_type() == ScalarType::Int && split_info.dim() == 2 && split_info.size(0) == b &&
@@ -44,7 +44,8 @@ std::tuple<Tensor, Tensor> decode_plan(Tensor seq_lens, int64_t s_q, int64_t h_q
   const int64_t b = seq_lens.size(0);
   MLA_ARG_CHECK(b >= 1, kPlanOp, "seq_lens must have at least one request");
   MLA_ARG_CHECK(s_q >= 1 && s_q <= 16, kPlanOp, "s_q must be in [1, 16], got " << s_q);
-  MLA_ARG_CHECK(h_q >= 1 && s_q * h_q <= (1 << 20), kPlanOp, "h_q must be >= 1, got " << h_q);
+  MLA_ARG_CHECK(h_q >= 1 && s_q * h_q <= (1 << 20), kPlanOp,
+                "h_q must be >= 1 with s_q * h_q <= 2^20, got s_q " << s_q << ", h_q " << h_q);
   MLA_ARG_CHECK(num_sms >= 1 && num_sms <= 4096, kPlanOp, "num_sms must be in [1, 4096], got " << num_sms);
   const torch::stable::accelerator::DeviceGuard guard(device);
   Tensor schedule = torch::stable::new_empty(seq_lens, {num_sms, decode::kScheduleFields}, ScalarType::Int);
@@ -81,7 +82,8 @@ void decode_into(const Tensor& q, const Tensor& kv_cache, const Tensor& block_ta
   const int64_t b = q.size(0), s_q = q.size(1), h_q = q.size(2);
   MLA_ARG_CHECK(b >= 1 && b < 65536, kOp, "batch size must be in [1, 65535], got " << b);
   MLA_ARG_CHECK(s_q >= 1 && s_q <= 16, kOp, "s_q must be in [1, 16], got " << s_q);
-  MLA_ARG_CHECK(h_q >= 1, kOp, "h_q must be >= 1, got " << h_q);
+  MLA_ARG_CHECK(h_q >= 1 && s_q * h_q <= (1 << 20), kOp,
+                "h_q must be >= 1 with s_q * h_q <= 2^20, got s_q " << s_q << ", h_q " << h_q);
   const ScalarType q_type = q.scalar_type();
   MLA_ARG_CHECK(q_type == ScalarType::BFloat16 || q_type == ScalarType::Half, kOp,
                 "q must be bfloat16 or float16, got " << scalar_type_name(q_type));
