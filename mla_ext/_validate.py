@@ -87,10 +87,18 @@ def aligned_or_copy(t: torch.Tensor) -> torch.Tensor:
 
 
 def check_kv_cache_rows(kv_cache: torch.Tensor, kv_cache_dtype: str, fmt: str, scale: torch.Tensor | None,
-                        op: str) -> None:
-    """The cache's element type and row width for its format (DESIGN.md §2), and the fp8 scale.
-    ``fmt`` is the canonical format; the 'auto' dtype (the activations') is checked by the caller."""
+                        auto_dtype: torch.dtype, auto_dtype_of: str, op: str) -> None:
+    """kv_cache ``[num_blocks, block_size, row]`` in canonical format ``fmt`` (DESIGN.md §2): 3-D with
+    a contiguous last dim, the format's element type and row width, and the fp8 scale. 'auto'
+    stores ``auto_dtype``, the dtype of the tensor named ``auto_dtype_of``. The Python twin of
+    ``check_kv_cache`` in csrc/bindings/stable_helpers.h."""
+    check(kv_cache.dim() == 3, op, f"kv_cache must be [num_blocks, block_size, row], got {list(kv_cache.shape)}")
+    check_last_dim_contiguous(kv_cache, "kv_cache", op)
     if fmt == "auto":
+        dtype_name = str(auto_dtype).replace("torch.", "")
+        check(kv_cache.dtype == auto_dtype, op,
+              f"kv_cache_dtype='auto' needs a kv_cache of {auto_dtype_of}'s dtype {dtype_name}, "
+              f"got {str(kv_cache.dtype).replace('torch.', '')}")
         check(kv_cache.shape[2] == LATENT_DIM, op,
               f"kv_cache_dtype='auto' needs rows of {LATENT_DIM} elements, got kv_cache {list(kv_cache.shape)}")
     elif fmt == "fp8":

@@ -34,12 +34,7 @@ def _validate(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale) -> None
     check(slot_mapping.dim() == 1, _OP, f"slot_mapping must be 1-D [num_tokens], got {list(slot_mapping.shape)}")
     check(slot_mapping.shape[0] <= kv_c.shape[0], _OP,
           f"slot_mapping has {slot_mapping.shape[0]} entries but kv_c only {kv_c.shape[0]} tokens")
-    check(kv_cache.dim() == 3, _OP, f"kv_cache must be [num_blocks, block_size, row], got {list(kv_cache.shape)}")
-    check_last_dim_contiguous(kv_cache, "kv_cache", _OP)
-    if fmt == "auto":
-        check(kv_cache.dtype == kv_c.dtype, _OP,
-              f"kv_cache_dtype='auto' stores kv_c's dtype {kv_c.dtype}, but kv_cache is {kv_cache.dtype}")
-    check_kv_cache_rows(kv_cache, kv_cache_dtype, fmt, scale, _OP)
+    check_kv_cache_rows(kv_cache, kv_cache_dtype, fmt, scale, kv_c.dtype, "kv_c", _OP)
 
 
 def _check_slots_in_range(kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:

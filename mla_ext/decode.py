@@ -83,13 +83,8 @@ def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype,
     check(h_q >= 1, _OP, f"h_q (q.shape[2]) must be >= 1, got {h_q}")
     check_dtype(q, "q", (torch.bfloat16, torch.float16), _OP)
     check(q.stride(3) == 1, _OP, f"q's last dim must be contiguous (stride 1), got strides {tuple(q.stride())}")
-    check(kv_cache.dim() == 3, _OP, f"kv_cache must be [num_blocks, block_size, row], got {list(kv_cache.shape)}")
+    check_kv_cache_rows(kv_cache, kv_cache_dtype, fmt, scale, q.dtype, "q", _OP)
     check(kv_cache.shape[1] >= 1, _OP, f"kv_cache's block_size must be >= 1, got {list(kv_cache.shape)}")
-    check(kv_cache.stride(2) == 1, _OP, "kv_cache's last dim must be contiguous (stride 1)")
-    if fmt == "auto":
-        check(kv_cache.dtype == q.dtype, _OP,
-              f"kv_cache_dtype='auto' needs a kv_cache of q's dtype {q.dtype}, got {kv_cache.dtype}")
-    check_kv_cache_rows(kv_cache, kv_cache_dtype, fmt, scale, _OP)
     check_dtype(block_table, "block_table", (torch.int32,), _OP)
     check(block_table.dim() == 2 and block_table.shape[0] == b and block_table.shape[1] >= 1, _OP,
           f"block_table must be [b={b}, max_blocks >= 1], got {list(block_table.shape)}")

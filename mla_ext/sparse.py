@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from ._validate import aligned_or_copy, check, check_dtype, check_last_dim_contiguous, check_same_device, fail
+from ._validate import aligned_or_copy, check, check_dtype, check_kv_cache_rows, check_last_dim_contiguous, check_same_device, fail
 from ._validate import checked_mode, raise_first_out_of_range
-from .formats import DS_MLA_ROW_BYTES, KV_LORA_RANK, LATENT_DIM, canonical_format
+from .formats import KV_LORA_RANK, LATENT_DIM, canonical_format
 
 _DECODE = "sparse_decode_mla"
 _SLOTS = "sparse_indices_to_slots"
@@ -37,16 +37,7 @@ def _validate_decode(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_l
     b, s_q, h_q = q.shape[:3]
     check(1 <= s_q <= MAX_S_Q, _DECODE, f"s_q must be 1..{MAX_S_Q}, got {s_q}")
     check(h_q >= 1, _DECODE, f"h_q must be >= 1, got {h_q}")
-    check(kv_cache.dim() == 3, _DECODE, f"kv_cache must be [num_blocks, block_size, row], got {list(kv_cache.shape)}")
-    check_last_dim_contiguous(kv_cache, "kv_cache", _DECODE)
-    if fmt == "auto":
-        check(kv_cache.dtype == torch.bfloat16 and kv_cache.shape[2] == LATENT_DIM, _DECODE,
-              f"kv_cache_dtype='auto' needs a bfloat16 kv_cache [num_blocks, block_size, {LATENT_DIM}], "
-              f"got {kv_cache.dtype} {list(kv_cache.shape)}")
-    else:
-        check(kv_cache.dtype == torch.uint8 and kv_cache.shape[2] == DS_MLA_ROW_BYTES, _DECODE,
-              f"kv_cache_dtype='fp8_ds_mla' needs a uint8 kv_cache [num_blocks, block_size, {DS_MLA_ROW_BYTES}], "
-              f"got {kv_cache.dtype} {list(kv_cache.shape)}")
+    check_kv_cache_rows(kv_cache, kv_cache_dtype, fmt, None, torch.bfloat16, "q", _DECODE)
     check_dtype(indices, "indices", (torch.int32,), _DECODE)
     check(indices.dim() == 3 and tuple(indices.shape[:2]) == (b, s_q) and indices.shape[2] >= 1, _DECODE,
           f"indices must be [b, s_q, topk] = [{b}, {s_q}, topk >= 1], got {list(indices.shape)}")

@@ -212,7 +212,7 @@ BAD_CASES = {
     "slot 2-D": (lambda a: a.update(slot_mapping=a["slot_mapping"].reshape(2, 2)), "slot_mapping must be 1-D"),
     "non-contiguous last dim": (
         lambda a: a.update(kv_c=torch.randn(4, 1024, dtype=torch.bfloat16)[:, ::2]), "kv_c's last dim must be contiguous"),
-    "cache dtype": (lambda a: a.update(kv_cache=a["kv_cache"].half()), "kv_cache_dtype='auto' stores kv_c's dtype"),
+    "cache dtype": (lambda a: a.update(kv_cache=a["kv_cache"].half()), "kv_cache_dtype='auto' needs a kv_cache of kv_c's dtype"),
     "cache row": (lambda a: a.update(kv_cache=torch.zeros(2, 4, 656, dtype=torch.bfloat16)), "rows of 576 elements"),
     "format name": (lambda a: a.update(kv_cache_dtype="fp8_e5m2"), "kv_cache_dtype must be one of"),
     "ds_mla row": (

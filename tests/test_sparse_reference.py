@@ -156,7 +156,7 @@ def test_compressed_indices_cpu():
         (dict(indices=torch.zeros(2, 1, 8, dtype=torch.int32)), "indices must be [b, s_q, topk]"),
         (dict(kv_cache_dtype="fp8"), "'auto' (bf16) or 'fp8_ds_mla'"),
         (dict(kv_cache_dtype="bf16"), "kv_cache_dtype must be one of"),
-        (dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.uint8)), "needs a uint8 kv_cache [num_blocks, block_size, 656]"),
+        (dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.uint8)), "needs rows of 656 bytes"),
         (dict(topk_length=torch.zeros(3, dtype=torch.int32)), "topk_length must be int32 [b]"),
         (dict(attn_sink=torch.zeros(4, dtype=torch.float64)), "attn_sink must be float32"),
         (dict(attn_sink=torch.zeros(5)), "attn_sink must be float32 [h_q]"),

@@ -40,37 +40,8 @@ void concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor kv_cache, Tensor slot
   MLA_ARG_CHECK(slot_mapping.size(0) <= kv_c.size(0), kOp,
                 "slot_mapping has " << slot_mapping.size(0) << " entries but kv_c only " << kv_c.size(0) << " tokens");
 
-  // kv_cache [num_blocks, block_size, row].
-  MLA_ARG_CHECK(kv_cache.dim() == 3, kOp, "kv_cache must be [num_blocks, block_size, row], got " << shape_str(kv_cache));
-  MLA_ARG_CHECK(kv_cache.stride(2) == 1, kOp, "kv_cache's last dim must be contiguous (stride 1)");
-  const ScalarType cache_type = kv_cache.scalar_type();
-  const float* scale_ptr = nullptr;
-  if (format == CacheFormat::kAuto) {
-    MLA_ARG_CHECK(cache_type == in_type, kOp,
-                  "kv_cache_dtype='auto' stores kv_c's dtype " << scalar_type_name(in_type) << ", but kv_cache is "
-                                                               << scalar_type_name(cache_type));
-    MLA_ARG_CHECK(kv_cache.size(2) == kLatentDim, kOp,
-                  "kv_cache_dtype='auto' needs rows of 576 elements, got kv_cache " << shape_str(kv_cache));
-  } else if (format == CacheFormat::kFp8) {
-    MLA_ARG_CHECK(cache_type == ScalarType::Byte || cache_type == ScalarType::Float8_e4m3fn, kOp,
-                  "kv_cache_dtype='" << kv_cache_dtype << "' needs a uint8 or float8_e4m3fn kv_cache, got "
-                                     << scalar_type_name(cache_type));
-    MLA_ARG_CHECK(kv_cache.size(2) == kLatentDim, kOp,
-                  "kv_cache_dtype='" << kv_cache_dtype << "' needs rows of 576 bytes, got kv_cache " << shape_str(kv_cache));
-    MLA_ARG_CHECK(scale.has_value(), kOp, "kv_cache_dtype='" << kv_cache_dtype << "' needs scale (fp32 tensor of 1 element)");
-    check_cuda(*scale, "scale", kOp, device);
-    MLA_ARG_CHECK(scale->scalar_type() == ScalarType::Float && scale->numel() == 1, kOp,
-                  "scale must be a float32 tensor with one element, got " << scalar_type_name(scale->scalar_type())
-                                                                        << " " << shape_str(*scale));
-    scale_ptr = static_cast<const float*>(scale->data_ptr());
-  } else {
-    MLA_ARG_CHECK(cache_type == ScalarType::Byte, kOp,
-                  "kv_cache_dtype='fp8_ds_mla' needs a uint8 kv_cache, got " << scalar_type_name(cache_type));
-    MLA_ARG_CHECK(kv_cache.size(2) == kDsMlaRowBytes, kOp,
-                  "kv_cache_dtype='fp8_ds_mla' needs rows of 656 bytes, got kv_cache " << shape_str(kv_cache));
-  }
-
-  const int64_t cache_elem = element_size(cache_type);
+  const float* scale_ptr = check_kv_cache(kv_cache, format, kv_cache_dtype, in_type, "kv_c", scale, kOp, device);
+  const int64_t cache_elem = element_size(kv_cache.scalar_type());
   const torch::stable::accelerator::DeviceGuard guard(device);
   CacheWriteParams params{};
   params.kv_c = kv_c.data_ptr();

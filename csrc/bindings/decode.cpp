@@ -91,29 +91,8 @@ void decode_into(const Tensor& q, const Tensor& kv_cache, const Tensor& block_ta
                     aligned16(q.data_ptr()),
                 kOp, "q needs a contiguous last dim and 16-byte aligned rows (strides multiples of 8); call .contiguous()");
 
-  MLA_ARG_CHECK(kv_cache.dim() == 3, kOp, "kv_cache must be [num_blocks, block_size, row], got " << shape_str(kv_cache));
-  MLA_ARG_CHECK(kv_cache.stride(2) == 1, kOp, "kv_cache's last dim must be contiguous (stride 1)");
-  const ScalarType cache_type = kv_cache.scalar_type();
-  const float* scale_ptr = nullptr;
-  if (format == CacheFormat::kAuto) {
-    MLA_ARG_CHECK(cache_type == q_type, kOp, "kv_cache_dtype='auto' needs a kv_cache of q's dtype " << scalar_type_name(q_type)
-                                                                                                      << ", got " << scalar_type_name(cache_type));
-    MLA_ARG_CHECK(kv_cache.size(2) == kLatentDim, kOp, "kv_cache_dtype='auto' needs rows of 576 elements, got kv_cache " << shape_str(kv_cache));
-  } else if (format == CacheFormat::kFp8) {
-    MLA_ARG_CHECK(cache_type == ScalarType::Byte || cache_type == ScalarType::Float8_e4m3fn, kOp,
-                  "kv_cache_dtype='" << kv_cache_dtype << "' needs a uint8 or float8_e4m3fn kv_cache, got " << scalar_type_name(cache_type));
-    MLA_ARG_CHECK(kv_cache.size(2) == kLatentDim, kOp,
-                  "kv_cache_dtype='" << kv_cache_dtype << "' needs rows of 576 bytes, got kv_cache " << shape_str(kv_cache));
-    MLA_ARG_CHECK(scale.has_value(), kOp, "kv_cache_dtype='" << kv_cache_dtype << "' needs scale (fp32 tensor of 1 element)");
-    check_cuda(*scale, "scale", kOp, device);
-    MLA_ARG_CHECK(scale->scalar_type() == ScalarType::Float && scale->numel() == 1, kOp,
-                  "scale must be a float32 tensor with one element, got " << scalar_type_name(scale->scalar_type()) << " " << shape_str(*scale));
-    scale_ptr = static_cast<const float*>(scale->data_ptr());
-  } else {
-    MLA_ARG_CHECK(cache_type == ScalarType::Byte, kOp, "kv_cache_dtype='fp8_ds_mla' needs a uint8 kv_cache, got " << scalar_type_name(cache_type));
-    MLA_ARG_CHECK(kv_cache.size(2) == kDsMlaRowBytes, kOp, "kv_cache_dtype='fp8_ds_mla' needs rows of 656 bytes, got kv_cache " << shape_str(kv_cache));
-  }
-  const int64_t cache_elem = element_size(cache_type);
+  const float* scale_ptr = check_kv_cache(kv_cache, format, kv_cache_dtype, q_type, "q", scale, kOp, device);
+  const int64_t cache_elem = element_size(kv_cache.scalar_type());
   const int64_t stride_block_bytes = kv_cache.stride(0) * cache_elem, stride_token_bytes = kv_cache.stride(1) * cache_elem;
   MLA_ARG_CHECK(aligned16(kv_cache.data_ptr()) && stride_block_bytes % 16 == 0 && stride_token_bytes % 16 == 0, kOp,
                 "kv_cache must be 16-byte aligned with page and row strides that are multiples of 16 bytes, got strides "

@@ -44,17 +44,8 @@ std::tuple<Tensor, Tensor> sparse_decode_mla(Tensor q, Tensor kv_cache, Tensor i
   MLA_ARG_CHECK(s_q >= 1 && s_q <= 16, kDecodeOp, "s_q must be 1..16, got " << s_q);
   MLA_ARG_CHECK(h_q >= 1, kDecodeOp, "h_q must be >= 1, got " << h_q);
 
-  // kv_cache [num_blocks, block_size, row].
-  MLA_ARG_CHECK(kv_cache.dim() == 3, kDecodeOp, "kv_cache must be [num_blocks, block_size, row], got " << shape_str(kv_cache));
-  if (format == CacheFormat::kAuto) {
-    MLA_ARG_CHECK(kv_cache.scalar_type() == ScalarType::BFloat16 && kv_cache.size(2) == kLatentDim, kDecodeOp,
-                  "kv_cache_dtype='auto' needs a bfloat16 kv_cache [num_blocks, block_size, 576], got "
-                      << scalar_type_name(kv_cache.scalar_type()) << " " << shape_str(kv_cache));
-  } else {
-    MLA_ARG_CHECK(kv_cache.scalar_type() == ScalarType::Byte && kv_cache.size(2) == kDsMlaRowBytes, kDecodeOp,
-                  "kv_cache_dtype='fp8_ds_mla' needs a uint8 kv_cache [num_blocks, block_size, 656], got "
-                      << scalar_type_name(kv_cache.scalar_type()) << " " << shape_str(kv_cache));
-  }
+  // kv_cache [num_blocks, block_size, row] (the formats were narrowed to auto / fp8_ds_mla above).
+  check_kv_cache(kv_cache, format, kv_cache_dtype, ScalarType::BFloat16, "q", std::nullopt, kDecodeOp, device);
   const int64_t cache_elem = element_size(kv_cache.scalar_type());
   MLA_ARG_CHECK(kv_cache.stride(2) == 1 && (kv_cache.stride(0) * cache_elem) % 16 == 0 &&
                     (kv_cache.stride(1) * cache_elem) % 16 == 0 && aligned16(kv_cache.data_ptr()),

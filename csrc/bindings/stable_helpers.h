@@ -12,6 +12,7 @@
 
 #include <cuda_runtime.h>
 
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -89,6 +90,45 @@ inline void check_cuda(const Tensor& t, const char* name, const char* op, int de
   MLA_ARG_CHECK(t.is_cuda(), op, name << " must be a CUDA tensor (all inputs on one GPU)");
   MLA_ARG_CHECK(t.get_device_index() == device, op,
                 name << " is on cuda:" << t.get_device_index() << " but the other inputs are on cuda:" << device);
+}
+
+// kv_cache [num_blocks, block_size, row] in `format` (DESIGN.md §2): 3-D with a contiguous last
+// dim, the format's element type and row width, and for fp8 a float32 scale of one element on
+// the same device. 'auto' stores `auto_dtype` (the activations' dtype, of the tensor named
+// `auto_dtype_of`). Returns the fp8 scale's device pointer, nullptr for the other formats.
+// The C++ twin of check_kv_cache_rows in mla_ext/_validate.py.
+inline const float* check_kv_cache(const Tensor& kv_cache, CacheFormat format, std::string_view kv_cache_dtype,
+                                   ScalarType auto_dtype, const char* auto_dtype_of,
+                                   const std::optional<Tensor>& scale, const char* op, int device) {
+  MLA_ARG_CHECK(kv_cache.dim() == 3, op, "kv_cache must be [num_blocks, block_size, row], got " << shape_str(kv_cache));
+  MLA_ARG_CHECK(kv_cache.stride(2) == 1, op, "kv_cache's last dim must be contiguous (stride 1)");
+  const ScalarType cache_type = kv_cache.scalar_type();
+  if (format == CacheFormat::kAuto) {
+    MLA_ARG_CHECK(cache_type == auto_dtype, op,
+                  "kv_cache_dtype='auto' needs a kv_cache of " << auto_dtype_of << "'s dtype " << scalar_type_name(auto_dtype)
+                                                               << ", got " << scalar_type_name(cache_type));
+    MLA_ARG_CHECK(kv_cache.size(2) == kLatentDim, op,
+                  "kv_cache_dtype='auto' needs rows of 576 elements, got kv_cache " << shape_str(kv_cache));
+    return nullptr;
+  }
+  if (format == CacheFormat::kFp8DsMla) {
+    MLA_ARG_CHECK(cache_type == ScalarType::Byte, op,
+                  "kv_cache_dtype='fp8_ds_mla' needs a uint8 kv_cache, got " << scalar_type_name(cache_type));
+    MLA_ARG_CHECK(kv_cache.size(2) == kDsMlaRowBytes, op,
+                  "kv_cache_dtype='fp8_ds_mla' needs rows of 656 bytes, got kv_cache " << shape_str(kv_cache));
+    return nullptr;
+  }
+  MLA_ARG_CHECK(cache_type == ScalarType::Byte || cache_type == ScalarType::Float8_e4m3fn, op,
+                "kv_cache_dtype='" << kv_cache_dtype << "' needs a uint8 or float8_e4m3fn kv_cache, got "
+                                   << scalar_type_name(cache_type));
+  MLA_ARG_CHECK(kv_cache.size(2) == kLatentDim, op,
+                "kv_cache_dtype='" << kv_cache_dtype << "' needs rows of 576 bytes, got kv_cache " << shape_str(kv_cache));
+  MLA_ARG_CHECK(scale.has_value(), op, "kv_cache_dtype='" << kv_cache_dtype << "' needs scale (fp32 tensor of 1 element)");
+  check_cuda(*scale, "scale", op, device);
+  MLA_ARG_CHECK(scale->scalar_type() == ScalarType::Float && scale->numel() == 1, op,
+                "scale must be a float32 tensor with one element, got " << scalar_type_name(scale->scalar_type()) << " "
+                                                                        << shape_str(*scale));
+  return static_cast<const float*>(scale->data_ptr());
 }
 
 inline cudaStream_t current_stream(int device) {
