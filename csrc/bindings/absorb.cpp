@@ -12,7 +12,7 @@ constexpr const char* kQOp = "q_absorb";
 constexpr const char* kVOp = "v_up";
 
 bool aligned16(const Tensor& t) {
-  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  if (!mla::aligned16(t.data_ptr())) return false;
   for (int64_t d = 0; d + 1 < t.dim(); ++d) {
     if ((t.stride(d) * element_size(t.scalar_type())) % 16 != 0 && t.size(d) > 1) return false;
   }

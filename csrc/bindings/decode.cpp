@@ -62,8 +62,6 @@ std::tuple<Tensor, Tensor> decode_plan(Tensor seq_lens, int64_t s_q, int64_t h_q
   return {schedule, split_info};
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // Validates, plans when no plan was passed, and runs split kernel + combine into out/lse.
 void decode_into(const Tensor& q, const Tensor& kv_cache, const Tensor& block_table, const Tensor& seq_lens,
                  double softmax_scale, const std::string& kv_cache_dtype, bool causal, const std::optional<Tensor>& scale,

@@ -15,8 +15,6 @@ constexpr const char* kDecodeOp = "sparse_decode_mla";
 constexpr const char* kSlotsOp = "sparse_indices_to_slots";
 constexpr const char* kCompressedOp = "sparse_compressed_indices";
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // The kernels hold these in int: a larger value would wrap (2^32 -> 0, a division by zero).
 void check_int32_param(int64_t value, const char* name, const char* op) {
   MLA_ARG_CHECK(value >= 1 && value <= INT32_MAX, op, name << " must be in [1, " << INT32_MAX << "], got " << value);

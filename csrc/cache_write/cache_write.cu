@@ -278,8 +278,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 void run_concat_and_cache_mla(const CacheWriteParams& p) {

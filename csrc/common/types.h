@@ -20,6 +20,9 @@ inline constexpr int kDsMlaRowBytes = kDsMlaRopeOffset + 2 * kRopeDim;  // 656
 // Largest finite e4m3 value; fp8 stores saturate to it.
 inline constexpr float kFp8E4M3Max = 448.0f;
 
+// 16-byte vector accesses (uint4 loads, cp.async) need 16-byte aligned addresses.
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // Element types that cross the binding boundary.
 enum class DType : int { kBF16, kFP16, kFP32, kFP8E4M3, kUInt8 };
 
