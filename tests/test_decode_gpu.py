@@ -54,11 +54,16 @@ def test_fp16(fmt):
     check(inp, causal=True)
 
 
-def test_ds_mla_arbitrary_scales():
-    """Non-power-of-two tile scales: kv_c * scale is rounded once to bf16 for the MMAs, so the
-    kernel must match the reference on that bf16-rounded cache tightly, and the exact fp32
-    reference within bf16 rounding of the scores."""
-    inp = make_inputs([3, 300, 2000], 1, 16, 64, "fp8_ds_mla", device="cuda", arbitrary_scales=True)
+@pytest.mark.parametrize("h_q", [16, 64])
+def test_ds_mla_arbitrary_scales(h_q):
+    """Non-power-of-two tile scales. 16 rows (the fp8 kernel): scales stay out of the MMA operands
+    (e4m3 -> fp16 is exact), so the result matches the exact fp32 reference as tightly as a bf16
+    cache does. 32/64 rows: kv_c * scale is rounded once to bf16 for the MMAs, so the kernel must
+    match the reference on that bf16-rounded cache tightly, and the exact one within that rounding."""
+    inp = make_inputs([3, 300, 2000], 1, h_q, 64, "fp8_ds_mla", device="cuda", arbitrary_scales=True)
+    if h_q <= 16:
+        check(inp, causal=True)
+        return
     out, lse = run_op(inp, True)
     rounded = dict(inp, kv_cache=reference.dequantize_cache(inp["kv_cache"], "fp8_ds_mla").to(torch.bfloat16),
                    kv_cache_dtype="auto")
@@ -68,6 +73,31 @@ def test_ds_mla_arbitrary_scales():
     exact_out, exact_lse = run_reference(inp, True)
     assert_close(out, exact_out, cos_tol=1e-4, atol=5e-2, rtol=5e-2, name="out vs exact")
     assert_close(lse, exact_lse, cos_tol=1e-6, atol=3e-2, rtol=1e-3, name="lse vs exact")
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("h_q", [1, 5, 16])
+def test_fp8_wide_ranges(fmt, dtype, h_q):
+    """The 16-row fp8 kernel normalises each query row by a power of two (fp16 MMAs) and keeps a
+    running reference per 128-wide value tile: query rows 2^-12 .. 2^12 apart (2^-6 .. 2^6 for
+    fp16 q) and fp8_ds_mla tile scales spread over 2^16 within every tile must not lose precision."""
+    inp = make_inputs([1, 64, 65, 1000, 3001], 1, h_q, 64, fmt, dtype=dtype, device="cuda")
+    span = 12 if dtype == torch.bfloat16 else 6
+    inp["q"] = inp["q"] * torch.exp2(torch.randint(-span, span + 1, (1, 1, h_q, 1), device="cuda").to(dtype))
+    if fmt == "fp8_ds_mla":
+        cache = inp["kv_cache"].view(torch.uint8)
+        scales = cache[..., 512:528].contiguous().view(torch.float32)
+        spread = torch.exp2(torch.randint(-8, 9, scales.shape, device="cuda").float())
+        factor = torch.where(torch.isnan(scales), torch.ones_like(scales), spread * (1 + 0.37 * torch.rand_like(scales)))
+        cache[..., 512:528] = (scales * factor).view(torch.uint8)
+    out, lse = run_op(inp, True)
+    ref_out, ref_lse = run_reference(inp, True)
+    assert_close(out, ref_out, cos_tol=2e-5, atol=float("inf"), rtol=0, name="out")
+    # Output magnitudes vary by 2^8 with the scales: abs/rel error relative to each row's scale.
+    row_mag = ref_out.float().abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)
+    assert_close(out.float() / row_mag, ref_out.float() / row_mag, cos_tol=2e-5, atol=2e-2, rtol=2e-2, name="out / row max")
+    assert_close(lse, ref_lse, cos_tol=1e-7, atol=2e-3 * 2**span, rtol=1e-4, name="lse")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

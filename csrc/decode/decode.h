@@ -24,6 +24,7 @@ inline constexpr int kBlockN = 64;          // keys per tile: the planner's and 
 inline constexpr int kScheduleFields = 8;   // int32 per part, see ScheduleField
 inline constexpr int kSplitInfoFields = 2;  // int32 per request: num_splits, partial_base
 inline constexpr int kPlanOverheadTiles = 5;  // cost of one (request, part) piece beyond its tiles
+inline constexpr float kLn2 = 0.693147180559945309f;  // lse out = log2-domain lse * ln 2
 
 // One part of the schedule covers requests begin_req..end_req (inclusive; empty when
 // begin_req > end_req); tiles [begin_tile, ...) of begin_req, [..., end_tile) of end_req and all

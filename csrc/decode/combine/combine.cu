@@ -19,7 +19,6 @@ namespace mla::decode {
 namespace {
 
 constexpr int kCombineWarps = 8;
-constexpr float kLn2 = 0.693147180559945309f;
 
 template <typename T>
 __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(const __grid_constant__ DecodeParams p) {

@@ -46,7 +46,6 @@ using sm80::pack2;
 using sm80::smem_addr;
 
 inline constexpr int kSmemBudget = 227 * 1024;  // opt-in maximum per CTA on sm90 and sm100
-inline constexpr float kLn2 = 0.693147180559945309f;
 
 template <typename T, CacheFormat kFormat, int kBlockM>
 struct SplitConfig {

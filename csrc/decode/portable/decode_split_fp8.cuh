@@ -1,0 +1,512 @@
+// Portable (sm80+) split-KV decode for the fp8 caches ('fp8', 'fp8_ds_mla') with 16 query rows
+// per CTA: the memory-bound shape (h_q <= 16 after tensor parallelism, s_q = 1), where the
+// kernel has to keep up with HBM while turning e4m3 bytes into MMA operands.
+//
+// No dequantisation pass. The cache rows stay e4m3 in shared memory; each warp converts the bytes
+// of its own MMA fragments in registers with cvt.rn.f16x2.e4m3x2 (exact, one instruction per two
+// values) and runs fp16 MMAs. The scales move out of the operands:
+//   scores  S[r, k] = 2^e_r * (sum_t scale[k, t] * (q'_t . k8_t) + q'_pe . k_pe), where
+//           q' = q * 2^-e_r in fp16 and e_r is the power of two that puts max|q_r| in
+//           [2^14, 2^15) (q' equals q but for values 2^-39 below the row's largest). fp8_ds_mla:
+//           t = its four 128-wide tiles, k_pe is bf16 (bf16 MMA with q'_pe). fp8: one tensor
+//           scale, folded into the softmax scale, and k_pe is e4m3 like the rest.
+//   values  O[r, tile t] = R_t * sum_k (P[r, k] * scale[k, t] / R_t) * v8[k] with P' = P
+//           scale / R_t in fp16 (|P'| <= 1) and R_t the running max |scale| of tile t seen so far;
+//           O is rescaled when R_t grows, like the online softmax does when the max grows.
+// Two teams of 8 warps take alternate 64-key tiles of each piece and merge at its end: 16 warps
+// per SM hide each other's barriers and MMA latencies the way two CTAs per SM would, without a
+// second CTA's copy of the schedule.
+//
+// Fragment layouts (m16n8k16, grp = lane / 4, qd = lane % 4). The dot products do not care in
+// which order they sum, so k indices are permuted to make every operand one plain shared load:
+//   QK^T  k-step over 16 dims d0..d0+15: A = q'[grp (+8)][d0 + 4 qd + {0,1 | 2,3}],
+//         B = k8[key = n][d0 + 4 qd + {0,1 | 2,3}]: one 32-bit load of 4 e4m3 bytes.
+//   PV    k-step over 16 keys k0..: thread qd holds keys k0 + qd + {0, 4 | 8, 12};
+//         B column n of n-tile j (of a set of 4) is dim 4 n + j: one 32-bit load per key gives
+//         four n-tiles, regrouped by prmt. The C fragment then holds 8 consecutive dims per row.
+// Cache rows in shared memory: 40 chunks of 16 B per key (kv_c e4m3: chunks 0-31; k_pe: e4m3 in
+// 32-35 or bf16 in 32-39), chunk c of key k stored at chunk c ^ f(k), f(k) = 2 (k % 4) + (k / 4) % 2:
+// conflict-free for QK^T (8 consecutive keys, one chunk) and PV (4 keys k0 + qd, two chunks).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <string>
+#include <type_traits>
+
+#include "common/arch.h"
+#include "common/cuda_check.h"
+#include "common/sm80.cuh"
+#include "decode/decode.h"
+
+namespace mla::decode::portable {
+
+template <CacheFormat kFormat>
+struct Fp8SplitConfig {
+  static_assert(kFormat == CacheFormat::kFp8 || kFormat == CacheFormat::kFp8DsMla);
+  static constexpr bool kDsMla = kFormat == CacheFormat::kFp8DsMla;
+  static constexpr int kRows = 16;
+  static constexpr int kTeams = 2;
+  static constexpr int kTeamWarps = 8;
+  static constexpr int kTeamThreads = 32 * kTeamWarps;
+  static constexpr int kThreads = kTeams * kTeamThreads;
+  static constexpr int kStages = 2;                          // per team: one computing, one loading
+  static constexpr int kRawRowBytes = kDsMla ? kDsMlaRowBytes : kLatentDim;
+  static constexpr int kRawChunks = kRawRowBytes / 16;       // 41 or 36
+  static constexpr int kKeyChunks = 40;                      // per key in shared memory
+  static constexpr int kKeyBytes = 16 * kKeyChunks;          // 640: a multiple of 128 B
+  // QK^T: warp (g = w % 4, kh = w / 4) takes k-steps of dim group g for keys 32 kh .. 32 kh + 31.
+  // fp8: 9 e4m3 steps (dims 144 g ..); fp8_ds_mla: 8 e4m3 steps (tile g) + 1 bf16 k_pe step.
+  static constexpr int kF16Steps = kDsMla ? 8 : 9;
+  static constexpr int kQSteps = 9;
+  static constexpr int kLoadThreadsPerRow = kTeamThreads / kBlockN;  // 4
+
+  // Shared memory (bytes). The Q tile is only read while building the fragments at the start of
+  // a piece, so it shares its space with team 0's split-K reduction buffer.
+  static constexpr int kQStride = 2 * kLatentDim + 32;       // 1184: 2-way conflicts at worst
+  static constexpr int kRedSStride = kBlockN + 8;            // floats
+  static constexpr int kRedSBytes = 4 * kRows * kRedSStride * 4;
+  static constexpr int kQBytes = kRows * kQStride;
+  static constexpr int kQRedBytes = kQBytes > kRedSBytes ? kQBytes : kRedSBytes;
+  static constexpr int kStageKeyBytes = kBlockN * kKeyBytes;            // 40 KB
+  static constexpr int kStageScaleBytes = kDsMla ? kBlockN * 16 : 0;    // fp32 [64][4]
+  static constexpr int kStageBytes = kStageKeyBytes + kStageScaleBytes + kBlockN;  // + flags
+  static constexpr int kPStride = kBlockN + 4;               // floats: conflict-free A reads
+  static constexpr int kPBytes = kRows * kPStride * 4;
+  static constexpr int kRedBytes = kTeamWarps * kRows * 4;
+  static constexpr int kTeamBytes = kStages * kStageBytes + kPBytes + kRedBytes;
+  static constexpr int kOffQ = 0;                            // = team 0's red_s
+  static constexpr int kOffRedS1 = kQRedBytes;               // team 1's red_s
+  static constexpr int kOffTeam = kOffRedS1 + kRedSBytes;    // team t at kOffTeam + t * kTeamBytes
+  static constexpr int kOffRowExp = kOffTeam + kTeams * kTeamBytes;
+  static constexpr int kSmemBytes = kOffRowExp + kRows * 4;
+  // Team-relative offsets.
+  static constexpr int kOffStages = 0;
+  static constexpr int kOffP = kStages * kStageBytes;
+  static constexpr int kOffRed = kOffP + kPBytes;
+  // End-of-piece exchange (team 1 -> team 0) in team 1's stages: o (32 floats per thread,
+  // float index k * 256 + thread), then m and l per row, then R per warp.
+  static constexpr int kXchgFloats = 32 * kTeamThreads + 2 * kRows + kTeamWarps;
+  static_assert(kXchgFloats * 4 <= kStages * kStageBytes);
+  static_assert(kSmemBytes <= 227 * 1024, "fp8 decode tiles do not fit in shared memory");
+};
+
+__device__ __forceinline__ int key_swizzle(int key) { return ((key & 3) << 1) | ((key >> 2) & 1); }
+
+// Two e4m3 values (low byte first) -> fp16x2, exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair16) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair16 & 0xffffu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint2 lds64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
+
+// 2^e for |e| <= 126, exactly.
+__device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) << 23); }
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(v);
+  else return __half2float(v);
+}
+
+template <typename T, CacheFormat kFormat>
+__global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_constant__ DecodeParams p) {
+  using C = Fp8SplitConfig<kFormat>;
+  using sm80::cp_async16;
+  using sm80::mma_16816;
+  using sm80::named_barrier;
+  using sm80::pack2;
+  using sm80::smem_addr;
+  extern __shared__ __align__(128) uint8_t smem[];
+
+  const int tid = threadIdx.x, team = tid / C::kTeamThreads, ttid = tid % C::kTeamThreads;
+  const int warp = ttid / 32, lane = tid % 32, grp = lane / 4, qd = lane % 4;
+  const int g = warp % 4, kh = warp / 4;  // QK^T roles
+  const int vt = warp / 2;                // PV: this warp's output dims 64 warp .. + 63 lie in tile vt
+  uint8_t* const team_smem = smem + C::kOffTeam + team * C::kTeamBytes;
+  float* const red = reinterpret_cast<float*>(team_smem + C::kOffRed);
+  float* const red_s = reinterpret_cast<float*>(smem + (team == 0 ? C::kOffQ : C::kOffRedS1));
+  float* const p_tile = reinterpret_cast<float*>(team_smem + C::kOffP);
+  float* const xchg = reinterpret_cast<float*>(smem + C::kOffTeam + C::kTeamBytes);  // team 1's stages
+  int* const row_exp = reinterpret_cast<int*>(smem + C::kOffRowExp);
+  const uint32_t stage_base = smem_addr(team_smem + C::kOffStages);
+  const auto team_sync = [&] { named_barrier(1 + team, C::kTeamThreads); };
+
+  const int32_t* sched = p.schedule + blockIdx.x * kScheduleFields;
+  const int begin_req = sched[kBeginReq], begin_tile = sched[kBeginTile];
+  const int end_req = sched[kEndReq], end_tile = sched[kEndTile], begin_split = sched[kBeginSplit];
+  const int row0 = blockIdx.y * C::kRows;
+  const int rows_here = min(C::kRows, p.num_rows - row0);
+  const float tensor_scale = C::kDsMla ? 1.f : *p.scale;  // fp8: scores and output, exactly
+  const int64_t max_kv = int64_t(p.max_blocks) * p.block_size;
+
+  for (int req = begin_req; req <= end_req; ++req) {
+    const int seq_len = max(p.seq_lens[req], 0);
+    const int kv_len = static_cast<int>(seq_len < max_kv ? seq_len : max_kv);
+    const int tile_begin = req == begin_req ? begin_tile : 0;
+    const int tile_end = min(req == end_req ? end_tile : (seq_len + kBlockN - 1) / kBlockN,
+                             (kv_len + kBlockN - 1) / kBlockN);
+    const int num_tiles = max(tile_end - tile_begin, 0);
+    const int32_t* bt = p.block_table + req * p.stride_block_table_b;
+
+    int lim[2];  // keys visible to this thread's rows grp, grp + 8 (0 for padding rows)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = grp + 8 * h;
+      const int s = (row0 + r) / p.h_q;
+      lim[h] = r >= rows_here ? 0 : p.causal ? min(max(seq_len - p.s_q + 1 + s, 0), seq_len) : seq_len;
+    }
+
+    // cp.async of the team's tile t (relative to the request) into stage `stage`.
+    auto load_tile = [&](int t, int stage) {
+      const int r = ttid / C::kLoadThreadsPerRow, sub = ttid % C::kLoadThreadsPerRow;
+      const int key = t * kBlockN + r;
+      const uint8_t* src = static_cast<const uint8_t*>(p.kv_cache);
+      bool ok = key < kv_len;
+      if (ok) {
+        const int page = bt[key / p.block_size];
+        ok = page >= 0 && page < p.num_blocks;
+        if (ok) src += page * p.stride_cache_block_bytes + (key % p.block_size) * p.stride_cache_token_bytes;
+      }
+      uint8_t* st = team_smem + C::kOffStages + stage * C::kStageBytes;
+      if (sub == 0) st[C::kStageKeyBytes + C::kStageScaleBytes + r] = ok;
+      const uint32_t dst = smem_addr(st);
+      const int f = key_swizzle(r);
+#pragma unroll
+      for (int c = sub; c < C::kRawChunks; c += C::kLoadThreadsPerRow) {
+        uint32_t off;
+        if (C::kDsMla && c == kDsMlaScaleOffset / 16) off = C::kStageKeyBytes + 16 * r;
+        else off = r * C::kKeyBytes + (((C::kDsMla && c > kDsMlaScaleOffset / 16 ? c - 1 : c) ^ f) << 4);
+        cp_async16(dst + off, src + 16 * c, ok);
+      }
+    };
+
+    float o[2][4][4];  // [set S][n-tile j][C fragment]: dims 64 warp + 32 S + 8 qd + {j, 4 + j}
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    float v_ref = 0.f;  // R_vt (fp8_ds_mla); fp8 uses 1
+    float row_scale[2];
+    uint32_t qf[C::kQSteps][4];
+#pragma unroll
+    for (int S = 0; S < 2; ++S)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[S][j][e] = 0.f;
+
+    if (num_tiles > 0) {
+      // Q rows (padding rows zero) in the first cp.async group of both teams, then each team's
+      // first tile.
+      const T* q = static_cast<const T*>(p.q) + req * p.stride_q_b;
+      for (int c = tid; c < C::kRows * (2 * kLatentDim / 16); c += C::kThreads) {
+        const int r = c / (2 * kLatentDim / 16), ch = c % (2 * kLatentDim / 16);
+        const bool ok = r < rows_here;
+        const int s = (row0 + r) / p.h_q, h = (row0 + r) % p.h_q;
+        const T* src = ok ? q + s * p.stride_q_s + h * p.stride_q_h + 8 * ch : q;
+        cp_async16(smem_addr(smem + C::kOffQ + r * C::kQStride + 16 * ch), src, ok);
+      }
+      sm80::cp_async_commit();
+      if (team < num_tiles) load_tile(tile_begin + team, 0);
+      sm80::cp_async_commit();
+      sm80::cp_async_wait<1>();
+      __syncthreads();
+      // Row exponents: warp r of the CTA scans row r (18 values per lane).
+      {
+        const int r = tid / 32;
+        const T* row = reinterpret_cast<const T*>(smem + C::kOffQ + r * C::kQStride);
+        float mx = 0.f;
+#pragma unroll
+        for (int j = 0; j < kLatentDim / 32; ++j) mx = fmaxf(mx, fabsf(to_float(row[lane + 32 * j])));
+#pragma unroll
+        for (int d = 16; d >= 1; d /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+        int e = 0;
+        if (mx > 0.f && mx <= 3.0e38f) {
+          frexpf(mx, &e);
+          e = max(e - 15, -120);  // mx * 2^-e in [2^14, 2^15)
+        }
+        if (lane == 0) row_exp[r] = e;
+      }
+      __syncthreads();
+      // The A fragments of this warp's dim group, built once per piece.
+      const int e0 = row_exp[grp], e1 = row_exp[grp + 8];
+      const float score_scale = p.softmax_scale_log2 * tensor_scale;
+      row_scale[0] = ldexpf(score_scale, e0);
+      row_scale[1] = ldexpf(score_scale, e1);
+      {
+        const uint8_t* q0 = smem + C::kOffQ + grp * C::kQStride;
+        const uint8_t* q1 = q0 + 8 * C::kQStride;
+#pragma unroll
+        for (int s = 0; s < C::kQSteps; ++s) {
+          const bool bf16_step = C::kDsMla && s == C::kF16Steps;
+          const int d0 = bf16_step ? kKvLoraRank + 16 * g : C::kDsMla ? 128 * g + 16 * s : 144 * g + 16 * s;
+          const int d = d0 + 4 * qd;
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {  // dims d + 2 half, + 1
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+              const T* src = reinterpret_cast<const T*>(rr == 0 ? q0 : q1) + d + 2 * half;
+              const int e = rr == 0 ? e0 : e1;
+              const float a = to_float(src[0]) * pow2(-e), b = to_float(src[1]) * pow2(-e);
+              qf[s][2 * half + rr] = bf16_step ? pack2<__nv_bfloat16>(a, b) : pack2<__half>(a, b);
+            }
+          }
+        }
+      }
+      __syncthreads();  // the Q tile (= team 0's red_s) is free
+    }
+
+    // ---- the team's tiles: i = team, team + 2, ...; local index li = i / 2, stage li % 2.
+    for (int i = team; i < num_tiles; i += C::kTeams) {
+      const int li = i / C::kTeams, stage = li % C::kStages;
+      sm80::cp_async_wait<0>();
+      team_sync();  // tile i landed for the team; the team is done with its previous tile
+      if (i + C::kTeams < num_tiles) load_tile(tile_begin + i + C::kTeams, (li + 1) % C::kStages);
+      sm80::cp_async_commit();
+      const uint32_t kbase = stage_base + stage * C::kStageBytes;
+      const uint8_t* st = team_smem + C::kOffStages + stage * C::kStageBytes;
+      const float* scales = reinterpret_cast<const float*>(st + C::kStageKeyBytes);
+      const uint8_t* flags = st + C::kStageKeyBytes + C::kStageScaleBytes;
+
+      // V reference of this warp's tile: R = max(R, max_k |scale[k, vt]|).
+      float v_rescale = 1.f, v_inv = 1.f;
+      if constexpr (C::kDsMla) {
+        float tmax = fmaxf(fabsf(scales[4 * lane + vt]), fabsf(scales[4 * (lane + 32) + vt]));
+#pragma unroll
+        for (int d = 16; d >= 1; d /= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, d));
+        const float r_new = fmaxf(v_ref, tmax);
+        v_rescale = v_ref > 0.f ? v_ref / r_new : 1.f;
+        v_inv = r_new > 0.f ? 1.f / r_new : 0.f;
+        v_ref = r_new;
+      }
+
+      // ---- S partial = q'_g . k_g for keys 32 kh .. + 31 (four n-tiles).
+      float part[4][4];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[nt][e] = 0.f;
+      const int fk = key_swizzle(grp);  // key % 8 == grp for every B row this thread loads
+#pragma unroll
+      for (int s = 0; s < C::kF16Steps; ++s) {
+        const int chunk = C::kDsMla ? 8 * g + s : 9 * g + s;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int key = 32 * kh + 8 * nt + grp;
+          const uint32_t w = lds32(kbase + key * C::kKeyBytes + ((chunk ^ fk) << 4) + 4 * qd);
+          mma_16816<__half>(part[nt], qf[s], e4m3x2_to_f16x2(w), e4m3x2_to_f16x2(w >> 16));
+        }
+      }
+      if constexpr (C::kDsMla) {
+        // Tile g's scale per key, then k_pe (bf16, dims 16 g + 4 qd ..) unscaled.
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int key = 32 * kh + 8 * nt + 2 * qd;
+          const float s0 = scales[4 * key + g], s1 = scales[4 * (key + 1) + g];
+          part[nt][0] *= s0, part[nt][1] *= s1, part[nt][2] *= s0, part[nt][3] *= s1;
+        }
+        const int chunk = kKvLoraRank / 16 + 2 * g + qd / 2;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int key = 32 * kh + 8 * nt + grp;
+          const uint2 w = lds64(kbase + key * C::kKeyBytes + ((chunk ^ fk) << 4) + 8 * (qd % 2));
+          mma_16816<__nv_bfloat16>(part[nt], qf[C::kF16Steps], w.x, w.y);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int key = 32 * kh + 8 * nt + 2 * qd;
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<float2*>(red_s + (g * 16 + grp + 8 * h) * C::kRedSStride + key) =
+              make_float2(part[nt][2 * h], part[nt][2 * h + 1]);
+      }
+      team_sync();
+
+      // ---- warp w: keys 8 w + 2 qd, + 1 of rows grp, grp + 8: sum the 4 groups, mask, scale.
+      float sc[4];
+      const int kcol = 8 * warp + 2 * qd;
+      const int key0 = (tile_begin + i) * kBlockN + kcol;
+      const bool ok0 = flags[kcol] != 0, ok1 = flags[kcol + 1] != 0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float2 acc = make_float2(0.f, 0.f);
+#pragma unroll
+        for (int gg = 0; gg < 4; ++gg) {
+          const float2 v = *reinterpret_cast<const float2*>(red_s + (gg * 16 + grp + 8 * h) * C::kRedSStride + kcol);
+          acc.x += v.x;
+          acc.y += v.y;
+        }
+        sc[2 * h] = (ok0 && key0 < lim[h]) ? acc.x * row_scale[h] : -INFINITY;
+        sc[2 * h + 1] = (ok1 && key0 + 1 < lim[h]) ? acc.y * row_scale[h] : -INFINITY;
+        float mx = fmaxf(sc[2 * h], sc[2 * h + 1]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        if (qd == 0) red[warp * C::kRows + grp + 8 * h] = mx;
+      }
+      team_sync();
+
+      // ---- online softmax; P (fp32) to shared memory; o *= exp2(m_old - m) * R_old / R.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = grp + 8 * h;
+        float tile_max = red[r];
+#pragma unroll
+        for (int w = 1; w < C::kTeamWarps; ++w) tile_max = fmaxf(tile_max, red[w * C::kRows + r]);
+        const float m_new = fmaxf(m[h], tile_max);
+        const float base = m_new == -INFINITY ? 0.f : m_new;
+        const float alpha = exp2f(m[h] - base);
+        const float p0 = exp2f(sc[2 * h] - base), p1 = exp2f(sc[2 * h + 1] - base);
+        l[h] = l[h] * alpha + p0 + p1;
+        m[h] = m_new;
+        *reinterpret_cast<float2*>(p_tile + r * C::kPStride + kcol) = make_float2(p0, p1);
+        const float f = alpha * v_rescale;
+#pragma unroll
+        for (int S = 0; S < 2; ++S)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) o[S][j][2 * h] *= f, o[S][j][2 * h + 1] *= f;
+      }
+      team_sync();
+
+      // ---- O[:, 64 warp ..] += P' V8.
+#pragma unroll
+      for (int ks = 0; ks < kBlockN / 16; ++ks) {
+        float vs[4];  // V scale / R of keys 16 ks + qd + 4 e
+#pragma unroll
+        for (int e = 0; e < 4; ++e) vs[e] = C::kDsMla ? scales[4 * (16 * ks + qd + 4 * e) + vt] * v_inv : 1.f;
+        uint32_t pa[4];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const float* prow = p_tile + (grp + 8 * rr) * C::kPStride + 16 * ks + qd;
+          pa[rr] = pack2<__half>(prow[0] * vs[0], prow[4] * vs[1]);
+          pa[2 + rr] = pack2<__half>(prow[8] * vs[2], prow[12] * vs[3]);
+        }
+#pragma unroll
+        for (int S = 0; S < 2; ++S) {
+          const int chunk = 4 * warp + 2 * S + grp / 4;
+          uint32_t w[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = 16 * ks + qd + 4 * e;
+            w[e] = lds32(kbase + key * C::kKeyBytes + ((chunk ^ key_swizzle(key)) << 4) + 4 * (grp % 4));
+          }
+          const uint32_t b0_01 = __byte_perm(w[0], w[1], 0x5140), b0_23 = __byte_perm(w[0], w[1], 0x7362);
+          const uint32_t b1_01 = __byte_perm(w[2], w[3], 0x5140), b1_23 = __byte_perm(w[2], w[3], 0x7362);
+          mma_16816<__half>(o[S][0], pa, e4m3x2_to_f16x2(b0_01), e4m3x2_to_f16x2(b1_01));
+          mma_16816<__half>(o[S][1], pa, e4m3x2_to_f16x2(b0_01 >> 16), e4m3x2_to_f16x2(b1_01 >> 16));
+          mma_16816<__half>(o[S][2], pa, e4m3x2_to_f16x2(b0_23), e4m3x2_to_f16x2(b1_23));
+          mma_16816<__half>(o[S][3], pa, e4m3x2_to_f16x2(b0_23 >> 16), e4m3x2_to_f16x2(b1_23 >> 16));
+        }
+      }
+    }
+    sm80::cp_async_wait<0>();
+
+    // ---- end of the piece: row sums per team, team 1 hands (m, l, R, o) to team 0.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float s = l[h];
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      if (qd == 0) red[warp * C::kRows + grp + 8 * h] = s;
+    }
+    __syncthreads();  // both teams: tiles done, red written, team 1's stages idle
+    float total[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      total[h] = 0.f;
+#pragma unroll
+      for (int w = 0; w < C::kTeamWarps; ++w) total[h] += red[w * C::kRows + grp + 8 * h];
+    }
+    float* const xm = xchg + 32 * C::kTeamThreads;
+    float* const xl = xm + C::kRows;
+    float* const xr = xl + C::kRows;
+    if (team == 1) {
+#pragma unroll
+      for (int S = 0; S < 2; ++S)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) xchg[(16 * S + 4 * j + e) * C::kTeamThreads + ttid] = o[S][j][e];
+      if (warp == 0 && qd == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) xm[grp + 8 * h] = m[h], xl[grp + 8 * h] = total[h];
+      }
+      if (lane == 0) xr[warp] = v_ref;
+    }
+    __syncthreads();
+    if (team == 0) {  // also for pieces without tiles: out 0, lse -inf
+      const float r1 = C::kDsMla ? xr[warp] : 1.f, r0 = C::kDsMla ? v_ref : 1.f;
+      const int num_splits = p.split_info[req * kSplitInfoFields + 0];
+      const int64_t slot =
+          num_splits > 1 ? int64_t(p.split_info[req * kSplitInfoFields + 1]) + (req == begin_req ? begin_split : 0) : 0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = grp + 8 * h;
+        const float m1 = xm[r], l1 = xl[r];
+        const float mm = fmaxf(m[h], m1);
+        const float base = mm == -INFINITY ? 0.f : mm;
+        const float a0 = exp2f(m[h] - base), a1 = exp2f(m1 - base);
+        const float tot = a0 * total[h] + a1 * l1;
+        // tot == 0: nothing attended (out 0, lse -inf); NaN propagates.
+        const float inv = tot == 0.f ? 0.f : tensor_scale / tot;
+        const float c0 = a0 * r0 * inv, c1 = a1 * r1 * inv;
+        if (r >= rows_here) continue;
+        const float lse2 = tot == 0.f ? -INFINITY : mm + log2f(tot);
+        const int gr = row0 + r, s = gr / p.h_q, hq = gr % p.h_q;
+#pragma unroll
+        for (int S = 0; S < 2; ++S) {
+          float v[8];  // dims 64 warp + 32 S + 8 qd + 0..7
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+              const int e = 2 * h + k;
+              v[j + 4 * k] = o[S][j][e] * c0 + xchg[(16 * S + 4 * j + e) * C::kTeamThreads + ttid] * c1;
+            }
+          const int d0 = 64 * warp + 32 * S + 8 * qd;
+          if (num_splits <= 1) {
+            T* d = static_cast<T*>(p.out) + req * p.stride_out_b + s * p.stride_out_s + hq * p.stride_out_h + d0;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) *reinterpret_cast<uint32_t*>(d + 2 * k) = pack2<T>(v[2 * k], v[2 * k + 1]);
+          } else {
+            float4* d = reinterpret_cast<float4*>(p.partial_o + (slot * p.num_rows + gr) * kKvLoraRank + d0);
+            d[0] = make_float4(v[0], v[1], v[2], v[3]);
+            d[1] = make_float4(v[4], v[5], v[6], v[7]);
+          }
+        }
+        if (warp == 0 && qd == 0) {
+          if (num_splits <= 1) p.lse[req * p.stride_lse_b + hq * p.stride_lse_h + s * p.stride_lse_s] = lse2 * kLn2;
+          else p.partial_lse[slot * p.num_rows + gr] = lse2;
+        }
+      }
+    }
+    __syncthreads();  // the next piece reuses every shared buffer
+  }
+}
+
+template <typename T, CacheFormat kFormat>
+void launch_decode_split_fp8(const DecodeParams& p) {
+  using C = Fp8SplitConfig<kFormat>;
+  auto* kernel = &decode_split_fp8_kernel<T, kFormat>;
+  int device = 0;
+  MLA_CUDA_CHECK(cudaGetDevice(&device));
+  MLA_HOST_CHECK(device_info(device).max_smem_per_block >= C::kSmemBytes,
+                 "the portable fp8 decode kernel needs " + std::to_string(C::kSmemBytes) +
+                     " bytes of shared memory per block, more than this GPU offers");
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+  const dim3 grid(p.num_parts, num_m_blocks(p.num_rows, p.format));
+  kernel<<<grid, C::kThreads, C::kSmemBytes, p.stream>>>(p);
+  MLA_CHECK_LAUNCH();
+}
+
+}  // namespace mla::decode::portable
