@@ -95,10 +95,11 @@ struct Fp8SplitConfig {
 
 __device__ __forceinline__ int key_swizzle(int key) { return ((key & 3) << 1) | ((key >> 2) & 1); }
 
-// Two e4m3 values (low byte first) -> fp16x2, exact.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair16) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair16 & 0xffffu), __NV_E4M3);
-  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+// Four e4m3 bytes -> two fp16x2 (bytes 0,1 and bytes 2,3; low byte in the low half), exact.
+__device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
 }
 
 __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
@@ -182,14 +183,21 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       }
       uint8_t* st = team_smem + C::kOffStages + stage * C::kStageBytes;
       if (sub == 0) st[C::kStageKeyBytes + C::kStageScaleBytes + r] = ok;
-      const uint32_t dst = smem_addr(st);
-      const int f = key_swizzle(r);
+      // Thread `sub` copies raw chunks 4 j + sub. Chunk c of key r lives at c ^ f(r); with
+      // x = sub ^ f(r) that is 8 (j / 2) + (j odd ? x ^ 4 : x): two base addresses, immediates.
+      const uint32_t row_dst = smem_addr(st) + r * C::kKeyBytes;
+      const int x = sub ^ key_swizzle(r);
+      const uint32_t even = row_dst + (x << 4), odd = row_dst + ((x ^ 4) << 4);
+      const uint8_t* src_sub = src + 16 * sub;
+      constexpr int kJ = C::kDsMla ? kKvLoraRank / 64 : kLatentDim / 64;  // e4m3 chunks: 8 or 9 per thread
 #pragma unroll
-      for (int c = sub; c < C::kRawChunks; c += C::kLoadThreadsPerRow) {
-        uint32_t off;
-        if (C::kDsMla && c == kDsMlaScaleOffset / 16) off = C::kStageKeyBytes + 16 * r;
-        else off = r * C::kKeyBytes + (((C::kDsMla && c > kDsMlaScaleOffset / 16 ? c - 1 : c) ^ f) << 4);
-        cp_async16(dst + off, src + 16 * c, ok);
+      for (int j = 0; j < kJ; ++j) cp_async16((j % 2 ? odd : even) + 128 * (j / 2), src_sub + 64 * j, ok);
+      if constexpr (C::kDsMla) {
+        // k_pe: raw chunks 33 + sub, 37 + sub -> chunks 32 + sub, 36 + sub; the scales (raw chunk 32)
+        // go to their own array.
+        cp_async16(even + 128 * 4, src_sub + kDsMlaRopeOffset, ok);
+        cp_async16(odd + 128 * 4, src_sub + kDsMlaRopeOffset + 64, ok);
+        if (sub == 0) cp_async16(smem_addr(st) + C::kStageKeyBytes + 16 * r, src + kDsMlaScaleOffset, ok);
       }
     };
 
@@ -303,8 +311,9 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           const int key = 32 * kh + 8 * nt + grp;
-          const uint32_t w = lds32(kbase + key * C::kKeyBytes + ((chunk ^ fk) << 4) + 4 * qd);
-          mma_16816<__half>(part[nt], qf[s], e4m3x2_to_f16x2(w), e4m3x2_to_f16x2(w >> 16));
+          uint32_t b0, b1;
+          e4m3x4_to_f16x2x2(lds32(kbase + key * C::kKeyBytes + ((chunk ^ fk) << 4) + 4 * qd), b0, b1);
+          mma_16816<__half>(part[nt], qf[s], b0, b1);
         }
       }
       if constexpr (C::kDsMla) {
@@ -352,17 +361,18 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         float mx = fmaxf(sc[2 * h], sc[2 * h + 1]);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        if (qd == 0) red[warp * C::kRows + grp + 8 * h] = mx;
+        if (qd == 0) red[(grp + 8 * h) * C::kTeamWarps + warp] = mx;
       }
       team_sync();
 
       // ---- online softmax; P (fp32) to shared memory; o *= exp2(m_old - m) * R_old / R.
+      float rescale[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = grp + 8 * h;
-        float tile_max = red[r];
-#pragma unroll
-        for (int w = 1; w < C::kTeamWarps; ++w) tile_max = fmaxf(tile_max, red[w * C::kRows + r]);
+        const float4 mx0 = *reinterpret_cast<const float4*>(red + r * C::kTeamWarps);
+        const float4 mx1 = *reinterpret_cast<const float4*>(red + r * C::kTeamWarps + 4);
+        const float tile_max = fmaxf(fmaxf(fmaxf(mx0.x, mx0.y), fmaxf(mx0.z, mx0.w)), fmaxf(fmaxf(mx1.x, mx1.y), fmaxf(mx1.z, mx1.w)));
         const float m_new = fmaxf(m[h], tile_max);
         const float base = m_new == -INFINITY ? 0.f : m_new;
         const float alpha = exp2f(m[h] - base);
@@ -370,11 +380,16 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         l[h] = l[h] * alpha + p0 + p1;
         m[h] = m_new;
         *reinterpret_cast<float2*>(p_tile + r * C::kPStride + kcol) = make_float2(p0, p1);
-        const float f = alpha * v_rescale;
+        rescale[h] = alpha * v_rescale;
+      }
+      // Most tiles change neither the row maxima nor R: skip the 32 multiplies then.
+      if (!__all_sync(0xffffffffu, rescale[0] == 1.f && rescale[1] == 1.f)) {
 #pragma unroll
-        for (int S = 0; S < 2; ++S)
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) o[S][j][2 * h] *= f, o[S][j][2 * h + 1] *= f;
+          for (int S = 0; S < 2; ++S)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) o[S][j][2 * h] *= rescale[h], o[S][j][2 * h + 1] *= rescale[h];
       }
       team_sync();
 
@@ -400,12 +415,13 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
             const int key = 16 * ks + qd + 4 * e;
             w[e] = lds32(kbase + key * C::kKeyBytes + ((chunk ^ key_swizzle(key)) << 4) + 4 * (grp % 4));
           }
-          const uint32_t b0_01 = __byte_perm(w[0], w[1], 0x5140), b0_23 = __byte_perm(w[0], w[1], 0x7362);
-          const uint32_t b1_01 = __byte_perm(w[2], w[3], 0x5140), b1_23 = __byte_perm(w[2], w[3], 0x7362);
-          mma_16816<__half>(o[S][0], pa, e4m3x2_to_f16x2(b0_01), e4m3x2_to_f16x2(b1_01));
-          mma_16816<__half>(o[S][1], pa, e4m3x2_to_f16x2(b0_01 >> 16), e4m3x2_to_f16x2(b1_01 >> 16));
-          mma_16816<__half>(o[S][2], pa, e4m3x2_to_f16x2(b0_23), e4m3x2_to_f16x2(b1_23));
-          mma_16816<__half>(o[S][3], pa, e4m3x2_to_f16x2(b0_23 >> 16), e4m3x2_to_f16x2(b1_23 >> 16));
+          uint32_t b0[4], b1[4];  // n-tile j: byte j of keys (e 0, 1) and (e 2, 3)
+          e4m3x4_to_f16x2x2(__byte_perm(w[0], w[1], 0x5140), b0[0], b0[1]);
+          e4m3x4_to_f16x2x2(__byte_perm(w[0], w[1], 0x7362), b0[2], b0[3]);
+          e4m3x4_to_f16x2x2(__byte_perm(w[2], w[3], 0x5140), b1[0], b1[1]);
+          e4m3x4_to_f16x2x2(__byte_perm(w[2], w[3], 0x7362), b1[2], b1[3]);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) mma_16816<__half>(o[S][j], pa, b0[j], b1[j]);
         }
       }
     }
@@ -417,7 +433,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       float s = l[h];
       s += __shfl_xor_sync(0xffffffffu, s, 1);
       s += __shfl_xor_sync(0xffffffffu, s, 2);
-      if (qd == 0) red[warp * C::kRows + grp + 8 * h] = s;
+      if (qd == 0) red[(grp + 8 * h) * C::kTeamWarps + warp] = s;
     }
     __syncthreads();  // both teams: tiles done, red written, team 1's stages idle
     float total[2];
@@ -425,7 +441,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     for (int h = 0; h < 2; ++h) {
       total[h] = 0.f;
 #pragma unroll
-      for (int w = 0; w < C::kTeamWarps; ++w) total[h] += red[w * C::kRows + grp + 8 * h];
+      for (int w = 0; w < C::kTeamWarps; ++w) total[h] += red[(grp + 8 * h) * C::kTeamWarps + w];
     }
     float* const xm = xchg + 32 * C::kTeamThreads;
     float* const xl = xm + C::kRows;
