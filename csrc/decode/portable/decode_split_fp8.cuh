@@ -73,8 +73,10 @@ struct Fp8SplitConfig {
   static constexpr int kStageKeyBytes = kBlockN * kKeyBytes;            // 40 KB
   static constexpr int kStageScaleBytes = kDsMla ? kBlockN * 16 : 0;    // fp32 [64][4]
   static constexpr int kStageBytes = kStageKeyBytes + kStageScaleBytes + kBlockN;  // + flags
-  static constexpr int kPStride = kBlockN + 4;               // floats: conflict-free A reads
-  static constexpr int kPBytes = kRows * kPStride * 4;
+  // P (fp16) [16][64 keys + 8 pad]; key k at 8 (k / 8) + 2 (k % 4) + (k % 8) / 4, so that the
+  // PV A fragment's key pair (k, k + 4) is one 32-bit word; 144-byte rows: conflict-free reads.
+  static constexpr int kPStride = kBlockN + 8;               // halves
+  static constexpr int kPBytes = kRows * kPStride * 2;
   static constexpr int kRedBytes = kTeamWarps * kRows * 4;
   static constexpr int kTeamBytes = kStages * kStageBytes + kPBytes + kRedBytes;
   static constexpr int kOffQ = 0;                            // = team 0's red_s
@@ -100,6 +102,11 @@ __device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t w, uint32_t& lo, uint
   asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
       : "=r"(lo), "=r"(hi)
       : "r"(w));
+}
+
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 b) {
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), b);
+  return *reinterpret_cast<const uint32_t*>(&r);
 }
 
 __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
@@ -139,7 +146,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
   uint8_t* const team_smem = smem + C::kOffTeam + team * C::kTeamBytes;
   float* const red = reinterpret_cast<float*>(team_smem + C::kOffRed);
   float* const red_s = reinterpret_cast<float*>(smem + (team == 0 ? C::kOffQ : C::kOffRedS1));
-  float* const p_tile = reinterpret_cast<float*>(team_smem + C::kOffP);
+  __half* const p_tile = reinterpret_cast<__half*>(team_smem + C::kOffP);
   float* const xchg = reinterpret_cast<float*>(smem + C::kOffTeam + C::kTeamBytes);  // team 1's stages
   int* const row_exp = reinterpret_cast<int*>(smem + C::kOffRowExp);
   const uint32_t stage_base = smem_addr(team_smem + C::kOffStages);
@@ -365,7 +372,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       }
       team_sync();
 
-      // ---- online softmax; P (fp32) to shared memory; o *= exp2(m_old - m) * R_old / R.
+      // ---- online softmax; P (fp16) to shared memory; o *= exp2(m_old - m) * R_old / R.
       float rescale[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -379,7 +386,9 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         const float p0 = exp2f(sc[2 * h] - base), p1 = exp2f(sc[2 * h + 1] - base);
         l[h] = l[h] * alpha + p0 + p1;
         m[h] = m_new;
-        *reinterpret_cast<float2*>(p_tile + r * C::kPStride + kcol) = make_float2(p0, p1);
+        // keys kcol, kcol + 1 (kcol % 8 = 2 qd) at their permuted places
+        p_tile[r * C::kPStride + 8 * warp + 2 * ((2 * qd) % 4) + qd / 2] = __float2half_rn(p0);
+        p_tile[r * C::kPStride + 8 * warp + 2 * ((2 * qd + 1) % 4) + qd / 2] = __float2half_rn(p1);
         rescale[h] = alpha * v_rescale;
       }
       // Most tiles change neither the row maxima nor R: skip the 32 multiplies then.
@@ -396,15 +405,24 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       // ---- O[:, 64 warp ..] += P' V8.
 #pragma unroll
       for (int ks = 0; ks < kBlockN / 16; ++ks) {
-        float vs[4];  // V scale / R of keys 16 ks + qd + 4 e
-#pragma unroll
-        for (int e = 0; e < 4; ++e) vs[e] = C::kDsMla ? scales[4 * (16 * ks + qd + 4 * e) + vt] * v_inv : 1.f;
+        // A fragment: P of keys (16 ks + qd, + 4) and (+ 8, + 12), rows grp and grp + 8, times
+        // scale[key, vt] / R for fp8_ds_mla.
         uint32_t pa[4];
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
-          const float* prow = p_tile + (grp + 8 * rr) * C::kPStride + 16 * ks + qd;
-          pa[rr] = pack2<__half>(prow[0] * vs[0], prow[4] * vs[1]);
-          pa[2 + rr] = pack2<__half>(prow[8] * vs[2], prow[12] * vs[3]);
+          const __half* prow = p_tile + (grp + 8 * rr) * C::kPStride + 16 * ks + 2 * qd;
+          pa[rr] = *reinterpret_cast<const uint32_t*>(prow);
+          pa[2 + rr] = *reinterpret_cast<const uint32_t*>(prow + 8);
+        }
+        if constexpr (C::kDsMla) {
+          const float* sk = scales + 4 * (16 * ks + qd) + vt;
+          const __half2 v01 = __floats2half2_rn(sk[0] * v_inv, sk[16] * v_inv);
+          const __half2 v23 = __floats2half2_rn(sk[32] * v_inv, sk[48] * v_inv);
+#pragma unroll
+          for (int rr = 0; rr < 2; ++rr) {
+            pa[rr] = hmul2_bits(pa[rr], v01);
+            pa[2 + rr] = hmul2_bits(pa[2 + rr], v23);
+          }
         }
 #pragma unroll
         for (int S = 0; S < 2; ++S) {
