@@ -24,10 +24,10 @@ MAX_S_Q = 16
 class DecodePlan:
     """Schedule of one decode step (see :func:`get_decode_plan`). Unpacks as
     ``schedule, split_info``. The geometry it was made for is kept so that :func:`decode_mla`
-    can refuse a plan of another ``s_q``, ``h_q`` or format (whose schedule would leave parts of
-    the output uncomputed)."""
+    can refuse a plan of another ``s_q``, ``h_q`` or format (which would compute the right
+    answer, but with the work balanced for another shape)."""
 
-    schedule: torch.Tensor  # int32 [num_sms, 8]
+    schedule: torch.Tensor  # int32 [num_parts, 8]
     split_info: torch.Tensor  # int32 [b, 2]
     s_q: int | None = None
     h_q: int | None = None
@@ -95,7 +95,7 @@ def _validate(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype,
     if schedule is not None:
         check(schedule.dtype == torch.int32 and schedule.dim() == 2 and schedule.shape[1] == reference.DECODE_SCHEDULE_FIELDS
               and 1 <= schedule.shape[0] <= 4096,
-              _OP, f"schedule must be int32 [num_sms, {reference.DECODE_SCHEDULE_FIELDS}] from get_decode_plan, "
+              _OP, f"schedule must be int32 [num_parts, {reference.DECODE_SCHEDULE_FIELDS}] from get_decode_plan, "
               f"got {schedule.dtype} {list(schedule.shape)}")
         check(split_info.dtype == torch.int32 and list(split_info.shape) == [b, reference.DECODE_SPLIT_INFO_FIELDS],
               _OP, f"split_info must be int32 [b={b}, {reference.DECODE_SPLIT_INFO_FIELDS}] from get_decode_plan "
@@ -158,11 +158,13 @@ def get_decode_plan(
     Returns
     -------
     DecodePlan
-        ``schedule`` int32 ``[num_sms, 8]`` and ``split_info`` int32 ``[b, 2]``. Pass it to every
-        :func:`decode_mla` call of the step with the same ``s_q``, ``h_q``, format and batch, and
-        plan again whenever ``seq_lens`` change (a stale plan covers the old lengths only). Callers
-        of ``torch.ops.mla_ext.decode_mla`` directly must keep to the same rule: the op can check
-        the batch size, not the geometry.
+        ``schedule`` int32 ``[num_parts, 8]`` (``num_parts``: ``num_sms`` divided among the
+        blocks of query rows, so fixed for a given model and GPU) and ``split_info`` int32
+        ``[b, 2]``. Pass it to every :func:`decode_mla` call of the step with the same ``s_q``,
+        ``h_q``, format and batch, and plan again whenever ``seq_lens`` change (a stale plan
+        covers the old lengths only). ``torch.ops.mla_ext.decode_mla`` called directly with a
+        plan for another ``s_q``, ``h_q`` or format still computes the right answer (it launches
+        the plan's parts), only less evenly balanced; this wrapper refuses such a plan.
     """
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(seq_lens.device).multi_processor_count \
@@ -271,7 +273,7 @@ def _decode_plan_cpu(seq_lens, s_q, h_q, kv_cache_dtype, num_sms):
 @torch.library.register_fake("mla_ext::decode_plan")
 def _decode_plan_fake(seq_lens, s_q, h_q, kv_cache_dtype, num_sms):
     _validate_plan_args(seq_lens, s_q, h_q, kv_cache_dtype, num_sms)
-    return (seq_lens.new_empty(num_sms, reference.DECODE_SCHEDULE_FIELDS),
+    return (seq_lens.new_empty(reference.decode_num_parts(num_sms, s_q, h_q), reference.DECODE_SCHEDULE_FIELDS),
             seq_lens.new_empty(seq_lens.shape[0], reference.DECODE_SPLIT_INFO_FIELDS))
 
 

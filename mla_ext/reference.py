@@ -440,7 +440,7 @@ def decode_mla(
 # a tile of DECODE_BLOCK_N keys; a (request, part) piece costs its tiles + DECODE_PLAN_OVERHEAD.
 DECODE_BLOCK_N = 64
 DECODE_PLAN_OVERHEAD = 5
-DECODE_SCHEDULE_FIELDS = 8  # begin_req, begin_tile, end_req, end_tile, begin_split, split_req, 0, 0
+DECODE_SCHEDULE_FIELDS = 8  # begin_req, begin_tile, end_req, end_tile, begin_split, split_req (a list), 0, 0
 DECODE_SPLIT_INFO_FIELDS = 2  # num_splits, partial_base (-1 unless split)
 
 
@@ -457,14 +457,15 @@ def decode_num_parts(num_sms: int, s_q: int, h_q: int) -> int:
 
 
 def decode_plan(seq_lens: torch.Tensor, s_q: int, h_q: int, num_sms: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split-KV schedule: ``schedule int32 [num_sms, 8]`` and ``split_info int32 [b, 2]``.
+    """The split-KV schedule: ``schedule int32 [num_parts, 8]`` (``num_parts =
+    decode_num_parts(num_sms, s_q, h_q)``) and ``split_info int32 [b, 2]``.
 
     Requests are cut into pieces over ``num_parts`` parts, in request order, each part taking a
     budget of ``ceil(total / num_parts) + overhead`` cost units (the last takes the rest). Part p
     covers requests ``begin_req..end_req`` (empty when ``begin_req > end_req``), from tile
     ``begin_tile`` of the first to tile ``end_tile`` (exclusive) of the last; its first piece is
-    split number ``begin_split`` of that request; ``split_req`` is the request first cut at its
-    end (-1 if none), so each split request is listed once. ``split_info[i] = (num_splits,
+    split number ``begin_split`` of that request. Column ``split_req`` is a list: row y holds the
+    y-th split request (in request order), -1 after the last. ``split_info[i] = (num_splits,
     partial_base)``.
     """
     lens = [max(0, int(x)) for x in seq_lens.tolist()]
@@ -473,36 +474,37 @@ def decode_plan(seq_lens: torch.Tensor, s_q: int, h_q: int, num_sms: int) -> tup
     num_parts = decode_num_parts(num_sms, s_q, h_q)
     total = sum(t + DECODE_PLAN_OVERHEAD for t in tiles)
     payload = (total + num_parts - 1) // num_parts + DECODE_PLAN_OVERHEAD
-    schedule = torch.zeros(num_sms, DECODE_SCHEDULE_FIELDS, dtype=torch.int32)
+    schedule = torch.zeros(num_parts, DECODE_SCHEDULE_FIELDS, dtype=torch.int32)
     split_info = torch.zeros(b, DECODE_SPLIT_INFO_FIELDS, dtype=torch.int32)
+    split_reqs = []
     req = tile = split = 0
-    for part in range(num_sms):
+    for part in range(num_parts):
         begin = (req, tile, split)
         end_req, end_tile = req - 1, 0
-        split_req = -1
-        if part < num_parts:
-            last = part == num_parts - 1
-            budget = payload
-            while req < b:
-                rest = tiles[req] - tile
-                if last or rest + DECODE_PLAN_OVERHEAD <= budget:
-                    budget -= rest + DECODE_PLAN_OVERHEAD
-                    split_info[req, 0] = split + 1
-                    end_req, end_tile = req, tiles[req]
-                    req, tile, split = req + 1, 0, 0
-                    if not last and budget <= DECODE_PLAN_OVERHEAD:
-                        break
-                else:
-                    take = budget - DECODE_PLAN_OVERHEAD
-                    if take <= 0:
-                        break
-                    if split == 0:
-                        split_req = req
-                    tile += take
-                    end_req, end_tile = req, tile
-                    split += 1
+        last = part == num_parts - 1
+        budget = payload
+        while req < b:
+            rest = tiles[req] - tile
+            if last or rest + DECODE_PLAN_OVERHEAD <= budget:
+                budget -= rest + DECODE_PLAN_OVERHEAD
+                split_info[req, 0] = split + 1
+                end_req, end_tile = req, tiles[req]
+                req, tile, split = req + 1, 0, 0
+                if not last and budget <= DECODE_PLAN_OVERHEAD:
                     break
-        schedule[part, :6] = torch.tensor([begin[0], begin[1], end_req, end_tile, begin[2], split_req], dtype=torch.int32)
+            else:
+                take = budget - DECODE_PLAN_OVERHEAD
+                if take <= 0:
+                    break
+                if split == 0:
+                    split_reqs.append(req)
+                tile += take
+                end_req, end_tile = req, tile
+                split += 1
+                break
+        schedule[part, :5] = torch.tensor([begin[0], begin[1], end_req, end_tile, begin[2]], dtype=torch.int32)
+    schedule[:, 5] = -1
+    schedule[: len(split_reqs), 5] = torch.tensor(split_reqs, dtype=torch.int32)
     base = 0
     for i in range(b):
         n = int(split_info[i, 0])

@@ -20,7 +20,7 @@ void check_plan_shape(const Tensor& schedule, const Tensor& split_info, int64_t 
   check_cuda(split_info, "split_info", op, device);
   MLA_ARG_CHECK(schedule.scalar_type() == ScalarType::Int && schedule.dim() == 2 && schedule.size(0) >= 1 &&
                     schedule.size(0) <= 4096 && schedule.size(1) == decode::kScheduleFields && schedule.is_contiguous(),
-                op, "schedule must be a contiguous int32 [num_sms, " << decode::kScheduleFields
+                op, "schedule must be a contiguous int32 [num_parts, " << decode::kScheduleFields
                                                                      << "] tensor from decode_plan, got " << shape_str(schedule));
   MLA_ARG_CHECK(split_info.scalar_type() == ScalarType::Int && split_info.dim() == 2 && split_info.size(0) == b &&
                     split_info.size(1) == decode::kSplitInfoFields && split_info.is_contiguous(),
@@ -48,15 +48,16 @@ std::tuple<Tensor, Tensor> decode_plan(Tensor seq_lens, int64_t s_q, int64_t h_q
                 "h_q must be >= 1 with s_q * h_q <= 2^20, got s_q " << s_q << ", h_q " << h_q);
   MLA_ARG_CHECK(num_sms >= 1 && num_sms <= 4096, kPlanOp, "num_sms must be in [1, 4096], got " << num_sms);
   const torch::stable::accelerator::DeviceGuard guard(device);
-  Tensor schedule = torch::stable::new_empty(seq_lens, {num_sms, decode::kScheduleFields}, ScalarType::Int);
+  // One schedule row per part: its size tells decode_mla how many parts to launch.
+  const int num_parts = decode::num_parts_for(static_cast<int>(num_sms), static_cast<int>(s_q), static_cast<int>(h_q), format);
+  Tensor schedule = torch::stable::new_empty(seq_lens, {num_parts, decode::kScheduleFields}, ScalarType::Int);
   Tensor split_info = torch::stable::new_empty(seq_lens, {b, decode::kSplitInfoFields}, ScalarType::Int);
   decode::PlanParams params{};
   params.seq_lens = static_cast<const int32_t*>(seq_lens.data_ptr());
   params.schedule = static_cast<int32_t*>(schedule.data_ptr());
   params.split_info = static_cast<int32_t*>(split_info.data_ptr());
   params.b = static_cast<int>(b);
-  params.num_sms = static_cast<int>(num_sms);
-  params.num_parts = decode::num_parts_for(params.num_sms, static_cast<int>(s_q), static_cast<int>(h_q), format);
+  params.num_parts = num_parts;
   params.stream = current_stream(device);
   decode::run_decode_plan(params);
   return {schedule, split_info};
@@ -123,11 +124,14 @@ void decode_into(const Tensor& q, const Tensor& kv_cache, const Tensor& block_ta
   MLA_ARG_CHECK(split_info.has_value(), kOp, "pass schedule and split_info together (both from decode_plan)");
   check_plan_shape(*schedule, *split_info, b, device, kOp);
 
-  const int num_sms = static_cast<int>(schedule->size(0));
-  const int num_parts = decode::num_parts_for(num_sms, static_cast<int>(s_q), static_cast<int>(h_q), format);
+  // Launch as many parts as the plan has and room for all the partials it can produce, so any
+  // plan for this batch (even one made for another s_q, h_q or format) is computed correctly;
+  // only the plan's balance depends on its geometry.
+  const int num_parts = static_cast<int>(schedule->size(0));
+  const int64_t max_partials = decode::max_partials_for(num_parts, b);
   const int64_t num_rows = s_q * h_q;
-  Tensor partial_o = torch::stable::new_empty(q, {decode::max_partials_for(num_parts), num_rows, kKvLoraRank}, ScalarType::Float);
-  Tensor partial_lse = torch::stable::new_empty(q, {decode::max_partials_for(num_parts), num_rows}, ScalarType::Float);
+  Tensor partial_o = torch::stable::new_empty(q, {max_partials, num_rows, kKvLoraRank}, ScalarType::Float);
+  Tensor partial_lse = torch::stable::new_empty(q, {max_partials, num_rows}, ScalarType::Float);
 
   decode::DecodeParams p{};
   p.q = q.data_ptr();
@@ -141,6 +145,7 @@ void decode_into(const Tensor& q, const Tensor& kv_cache, const Tensor& block_ta
   p.lse = static_cast<float*>(lse.data_ptr());
   p.partial_o = static_cast<float*>(partial_o.data_ptr());
   p.partial_lse = static_cast<float*>(partial_lse.data_ptr());
+  p.max_partials = max_partials;
   p.b = static_cast<int>(b);
   p.s_q = static_cast<int>(s_q);
   p.h_q = static_cast<int>(h_q);

@@ -5,6 +5,7 @@
 
 #include "common/arch.h"
 #include "common/cuda_check.h"
+#include "decode/combine/combine.h"
 
 namespace mla::decode {
 
@@ -30,7 +31,36 @@ void run_decode(const DecodeParams& p, int device, bool force_portable) {
   // info.sm_version == 90 && !force_portable. Until then both choices run the portable kernel.
   (void)force_portable;
   run_decode_split_portable(p);
-  run_decode_combine(p);
+
+  // Merge the pieces of split requests (the planner lists them in the kSplitReq column).
+  static_assert(kSplitInfoFields == 2, "combine reads split_info as (num_splits, first slot) pairs");
+  combine::CombineParams c{};
+  c.partial_o = p.partial_o;
+  c.partial_lse = p.partial_lse;
+  c.lse_is_natural = false;  // the split kernels write log2-domain lse
+  c.num_slots = p.max_partials;
+  c.stride_partial_slot = p.num_rows;
+  c.stride_partial_req = 0;
+  c.split_list = p.schedule + kSplitReq;
+  c.stride_split_list = kScheduleFields;
+  c.list_len = p.num_parts;
+  c.split_info = p.split_info;
+  c.attn_sink = nullptr;
+  c.out = p.out;
+  c.lse = p.lse;
+  c.stride_out_b = p.stride_out_b;
+  c.stride_out_s = p.stride_out_s;
+  c.stride_out_h = p.stride_out_h;
+  c.stride_lse_b = p.stride_lse_b;
+  c.stride_lse_h = p.stride_lse_h;
+  c.stride_lse_s = p.stride_lse_s;
+  c.b = p.b;
+  c.s_q = p.s_q;
+  c.h_q = p.h_q;
+  c.out_dtype = p.q_dtype;
+  c.num_sms = info.num_sms;
+  c.stream = p.stream;
+  combine::run_split_combine(c);
 }
 
 }  // namespace mla::decode

@@ -25,30 +25,34 @@ inline constexpr int kScheduleFields = 8;   // int32 per part, see ScheduleField
 inline constexpr int kSplitInfoFields = 2;  // int32 per request: num_splits, partial_base
 inline constexpr int kPlanOverheadTiles = 5;  // cost of one (request, part) piece beyond its tiles
 inline constexpr float kLn2 = 0.693147180559945309f;  // lse out = log2-domain lse * ln 2
+// 64-key tiles covering `len` keys, without the int32 overflow of (len + 63) / 64 near 2^31.
+__host__ __device__ constexpr int key_tiles(int len) { return len / kBlockN + (len % kBlockN != 0); }
 
 // One part of the schedule covers requests begin_req..end_req (inclusive; empty when
 // begin_req > end_req); tiles [begin_tile, ...) of begin_req, [..., end_tile) of end_req and all
 // tiles of the requests between. begin_split is the split index of its first piece.
-// kSplitReq: the request first cut at the end of this part (-1 if none): every split request
-// appears there exactly once, which is how combine finds them with a fixed grid.
+// kSplitReq is a list, not a property of the part: row y holds the y-th split request (in
+// request order), -1 after the last one, so combine visits exactly the split requests.
 enum ScheduleField : int { kBeginReq = 0, kBeginTile, kEndReq, kEndTile, kBeginSplit, kSplitReq };
 
 // Query rows (s_q x h_q) per CTA: 16, 32 or 64, so that h_q = 16 does not pay for 64 rows.
 // (The format is an argument because a future kernel may size its tiles by it.)
 int block_m_for(int num_rows, CacheFormat format);
 int num_m_blocks(int num_rows, CacheFormat format);
-// Parts of the schedule for this shape: the SMs divided among the m-blocks (at least 1).
+// Parts of the schedule for this shape: the SMs divided among the m-blocks (at least 1). The
+// schedule has one row per part, so a plan's size is its number of parts.
 int num_parts_for(int num_sms, int s_q, int h_q, CacheFormat format);
-// Upper bound on partial results (pieces of split requests) of any schedule with num_parts parts.
-inline int max_partials_for(int num_parts) { return 2 * num_parts; }
+// Upper bound on partial results (pieces of split requests) of any schedule with num_parts parts
+// for b requests: each part ends with at most one cut, and each split request has one more piece
+// than cuts.
+inline int64_t max_partials_for(int64_t num_parts, int64_t b) { return num_parts + (b < num_parts ? b : num_parts); }
 
 struct PlanParams {
   const int32_t* __restrict__ seq_lens;  // [b] int32 (negative = 0)
-  int32_t* __restrict__ schedule;        // [num_sms, kScheduleFields] int32, written
+  int32_t* __restrict__ schedule;        // [num_parts, kScheduleFields] int32, written
   int32_t* __restrict__ split_info;      // [b, kSplitInfoFields] int32, written
   int b;
-  int num_parts;                         // <= num_sms; parts past it are written empty
-  int num_sms;                           // rows of schedule
+  int num_parts;                         // num_parts_for(num_sms, s_q, h_q, format)
   cudaStream_t stream;
 };
 
@@ -60,15 +64,16 @@ struct DecodeParams {
   const int32_t* __restrict__ block_table;  // [b, max_blocks] int32
   const int32_t* __restrict__ seq_lens;   // [b] int32
   const float* __restrict__ scale;        // [1] fp32 per-tensor scale (kFp8), else nullptr
-  const int32_t* __restrict__ schedule;   // [num_sms, kScheduleFields] from the planner
+  const int32_t* __restrict__ schedule;   // [num_parts, kScheduleFields] from the planner
   const int32_t* __restrict__ split_info; // [b, kSplitInfoFields] from the planner
   void* __restrict__ out;                 // [b, s_q, h_q, 512] q's dtype, strides below
   float* __restrict__ lse;                // [b, h_q, s_q] fp32, strides below
   float* __restrict__ partial_o;          // [max_partials, s_q * h_q, 512] fp32 workspace
   float* __restrict__ partial_lse;        // [max_partials, s_q * h_q] fp32 workspace (log2 units)
+  int64_t max_partials;                   // slots of the workspace: max_partials_for(num_parts, b)
   int b, s_q, h_q;
   int num_rows;                           // s_q * h_q
-  int num_parts;                          // grid.x; = num_parts_for(num_sms, ...)
+  int num_parts;                          // grid.x = rows of schedule (the plan's part count)
   int64_t stride_q_b, stride_q_s, stride_q_h;        // elements
   int64_t stride_out_b, stride_out_s, stride_out_h;  // elements
   int64_t stride_lse_b, stride_lse_h, stride_lse_s;  // elements
@@ -83,11 +88,12 @@ struct DecodeParams {
 };
 
 // Picks the kernel: the sm90 path where one exists and is not forced off, else the portable one.
-// Then runs combine. The caller ran the planner (same s_q, h_q, format, num_sms).
+// Then runs combine (csrc/decode/combine/combine.h). The caller ran the planner; num_parts and
+// max_partials follow from the plan's shape, so a plan for another s_q / h_q / format still
+// gives the right answer.
 void run_decode(const DecodeParams& params, int device, bool force_portable);
 
-// The pieces, for the dispatcher above.
+// The split kernel, for the dispatcher above.
 void run_decode_split_portable(const DecodeParams& params);
-void run_decode_combine(const DecodeParams& params);
 
 }  // namespace mla::decode

@@ -8,6 +8,7 @@
 
 #include "common/arch.h"
 #include "common/cuda_check.h"
+#include "decode/combine/combine.h"
 #include "sparse/portable/sparse_decode_portable.cuh"
 
 namespace mla {
@@ -103,7 +104,35 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
   } else {
     by_format.template operator()<64>();
   }
-  if (p.num_splits > 1) run_sparse_combine(p);
+  if (p.num_splits > 1) {
+    // The split combine shared with dense decode: every request has num_splits splits.
+    combine::CombineParams c{};
+    c.partial_o = p.partial_out;
+    c.partial_lse = p.partial_lse;
+    c.lse_is_natural = true;
+    c.num_slots = p.num_splits;
+    c.stride_partial_slot = int64_t(p.batch) * p.s_q * p.h_q;  // [splits, b * s_q, h_q, 512]
+    c.stride_partial_req = int64_t(p.s_q) * p.h_q;
+    c.split_list = nullptr;
+    c.split_info = nullptr;
+    c.num_splits = p.num_splits;
+    c.attn_sink = p.attn_sink;
+    c.out = p.out;  // [b, s_q, h_q, 512] bf16, contiguous
+    c.lse = p.lse;  // [b, h_q, s_q] fp32, contiguous
+    c.stride_out_b = int64_t(p.s_q) * p.h_q * kKvLoraRank;
+    c.stride_out_s = int64_t(p.h_q) * kKvLoraRank;
+    c.stride_out_h = kKvLoraRank;
+    c.stride_lse_b = int64_t(p.h_q) * p.s_q;
+    c.stride_lse_h = p.s_q;
+    c.stride_lse_s = 1;
+    c.b = p.batch;
+    c.s_q = p.s_q;
+    c.h_q = p.h_q;
+    c.out_dtype = DType::kBF16;
+    c.num_sms = info.num_sms;
+    c.stream = p.stream;
+    combine::run_split_combine(c);
+  }
 }
 
 }  // namespace mla

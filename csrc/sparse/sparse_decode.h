@@ -1,6 +1,6 @@
 // Sparse top-k MLA decode (DeepSeek V3.2): each query token attends only to the cache slots its
-// indexer chose. Host entry points for the decode, its split-over-topk combine and the two GPU
-// index builders. No torch headers: the binding (csrc/bindings/sparse.cpp) fills these structs.
+// indexer chose. Host entry points for the decode and the two GPU index builders. No torch
+// headers: the binding (csrc/bindings/sparse.cpp) fills these structs.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -46,13 +46,10 @@ struct SparseDecodeParams {
 // MLA_EXT_SPARSE_NUM_SPLITS=<n> forces n splits (tests of the combine path).
 void plan_sparse_decode(SparseDecodeParams& params, int device);
 
-// Launches the decode (and the combine when num_splits > 1). CUDA-graph safe: no host sync, no
+// Launches the decode (and, when num_splits > 1, the split combine shared with dense decode,
+// csrc/decode/combine/combine.h, which also applies attn_sink). CUDA-graph safe: no host sync, no
 // allocation (partial_out/partial_lse are allocated by the caller from the plan).
 void run_sparse_decode_mla(const SparseDecodeParams& params, int device);
-
-// Merges the per-split partial results by their LSE, applies attn_sink, writes out/lse.
-// Should be folded into the shared decode combine (csrc/decode/combine) once that exists.
-void run_sparse_combine(const SparseDecodeParams& params);
 
 struct SparseIndicesToSlotsParams {
   const int32_t* __restrict__ local_indices;  // [b, s_q, topk] int32 token positions, contiguous; < 0 = padding

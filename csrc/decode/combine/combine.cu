@@ -1,120 +1,217 @@
-// Combine: merge the partial (o, lse) of split requests by their lse.
+// Split combine (dense and sparse decode): merge the partial (o, lse) of split rows by their lse.
 //
-// Grid (s_q * h_q, num_parts): blockIdx.y picks the split request listed by part y of the
-// schedule (kSplitReq; parts without one exit at once), so the grid is fixed for a batch shape
-// (graph-safe) and never scans unsplit requests. One CTA = one query row: warp q merges splits
-// q, q + 8, ... (each lane owns 16 of the 512 dims, four float4 per split, two splits in flight),
-// then the 8 partial sums meet in shared memory. Many splits (one long request cut over every
-// SM) are thus read with 8 warps x 2 splits of loads in flight instead of one serial chain.
-// Bytes: num_splits * (512 + 1) * 4 read and 512 * 2 + 4 written per row.
+// Grid (s_q * h_q * kChunks, items): CTA x = (query row, chunk of 512 / kChunks output dims);
+// y walks the requests to merge (dense: the planner's list of split requests, which ends at the
+// first -1; sparse: every request), striding by gridDim.y so the grid stays small when few
+// requests are split. Inside a CTA, kLanes threads cover the chunk's dims with one float4 each
+// and the kGroups = 256 / kLanes thread groups take splits g, g + kGroups, ...; each thread
+// issues the loads of kUnroll splits before using any (one long request cut over every SM: 128
+// splits of a row are all in flight at once with kChunks = 8), keeps a running max / sum /
+// weighted sum, and the groups meet in shared memory.
+//
+// kChunks is picked so that rows x chunks x requests covers the SMs about twice: one long
+// request (16 rows, 128 splits) runs 128 CTAs of 64 dims, a large batch runs one CTA per row.
+// Bytes: num_splits * (512 + 1) * 4 read (from L2: the split kernel just wrote them) and
+// 512 * 2 + 4 written per row.
+#include "decode/combine/combine.h"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "common/arch.h"
 #include "common/cuda_check.h"
 #include "common/dispatch.h"
 #include "common/vec.cuh"
-#include "decode/decode.h"
 
-namespace mla::decode {
+namespace mla::combine {
 namespace {
 
-constexpr int kCombineWarps = 8;
+constexpr int kThreads = 256;
+constexpr int kUnroll = 8;  // splits per thread with loads in flight together
+constexpr float kLn2 = 0.693147180559945309f;
+constexpr float kLog2e = 1.442695040888963407f;
+
+__device__ __forceinline__ void fma4(float4& acc, float w, const float4& v) {
+  acc.x = fmaf(w, v.x, acc.x);
+  acc.y = fmaf(w, v.y, acc.y);
+  acc.z = fmaf(w, v.z, acc.z);
+  acc.w = fmaf(w, v.w, acc.w);
+}
 
 template <typename T>
-__global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(const __grid_constant__ DecodeParams p) {
-  __shared__ float warp_max[kCombineWarps];
-  __shared__ float warp_sum[kCombineWarps];
-  __shared__ float4 acc_smem[kCombineWarps][kKvLoraRank / 4];
-  const int req = p.schedule[blockIdx.y * kScheduleFields + kSplitReq];
-  if (req < 0) return;
-  const int row = blockIdx.x;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int num_splits = p.split_info[req * kSplitInfoFields + 0];
-  const int64_t first = int64_t(p.split_info[req * kSplitInfoFields + 1]) * p.num_rows + row;  // slot * rows + row
-  const float* lse = p.partial_lse + first;
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  const T lo = from_float<T>(a), hi = from_float<T>(b);
+  return uint32_t(*reinterpret_cast<const uint16_t*>(&lo)) | (uint32_t(*reinterpret_cast<const uint16_t*>(&hi)) << 16);
+}
 
-  // Max lse over all splits (lanes of all warps in parallel).
-  float mx = -INFINITY;
-  for (int k = threadIdx.x; k < num_splits; k += kCombineWarps * 32) mx = fmaxf(mx, lse[int64_t(k) * p.num_rows]);
-#pragma unroll
-  for (int m = 16; m >= 1; m /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, m));
-  if (lane == 0) warp_max[warp] = mx;
-  __syncthreads();
-  float max_lse = warp_max[0];
-#pragma unroll
-  for (int w = 1; w < kCombineWarps; ++w) max_lse = fmaxf(max_lse, warp_max[w]);
+template <typename T, int kChunks>
+__global__ void __launch_bounds__(kThreads) split_combine_kernel(const __grid_constant__ CombineParams p) {
+  constexpr int kLanes = kKvLoraRank / 4 / kChunks;  // float4 columns per CTA
+  constexpr int kGroups = kThreads / kLanes;         // splits merged side by side
+  __shared__ float4 acc_smem[kGroups][kLanes];
+  __shared__ float max_smem[kGroups], sum_smem[kGroups];
 
-  float4 acc[4] = {};
-  float sum = 0.f;
-  if (max_lse != -INFINITY) {
-    for (int k0 = warp; k0 < num_splits; k0 += 2 * kCombineWarps) {
-      // Two splits per iteration: both sets of loads are issued before either is used.
-      float4 v[2][4];
-      float w[2];
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int k = k0 + u * kCombineWarps;
-        w[u] = 0.f;
-        if (k < num_splits) {
-          const int64_t idx = first + int64_t(k) * p.num_rows;
-          w[u] = exp2f(lse[int64_t(k) * p.num_rows] - max_lse);  // 0 for an empty piece (lse -inf)
-          const float4* src = reinterpret_cast<const float4*>(p.partial_o + idx * kKvLoraRank) + lane;
-#pragma unroll
-          for (int j = 0; j < 4; ++j) v[u][j] = src[32 * j];
-        } else {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) v[u][j] = make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        sum += w[u];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          acc[j].x += w[u] * v[u][j].x;
-          acc[j].y += w[u] * v[u][j].y;
-          acc[j].z += w[u] * v[u][j].z;
-          acc[j].w += w[u] * v[u][j].w;
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j) acc_smem[warp][lane + 32 * j] = acc[j];
-  if (lane == 0) warp_sum[warp] = sum;
-  __syncthreads();
-
-  // Thread t finishes dims 2t, 2t + 1.
-  float total = 0.f;
-#pragma unroll
-  for (int w = 0; w < kCombineWarps; ++w) total += warp_sum[w];
-  const float inv = total == 0.f ? 0.f : 1.f / total;
-  const float* flat = reinterpret_cast<const float*>(acc_smem);
-  float x = 0.f, y = 0.f;
-#pragma unroll
-  for (int w = 0; w < kCombineWarps; ++w) {
-    x += flat[w * kKvLoraRank + 2 * threadIdx.x];
-    y += flat[w * kKvLoraRank + 2 * threadIdx.x + 1];
-  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched early (programmatic dependent launch): wait until the partials are complete.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  const int row = blockIdx.x / kChunks, chunk = blockIdx.x % kChunks;
+  const int g = threadIdx.x / kLanes, c = threadIdx.x % kLanes;
+  const int col4 = chunk * kLanes + c;  // this thread's float4 of the 512 output dims
   const int s = row / p.h_q, h = row % p.h_q;
-  T* out = static_cast<T*>(p.out) + req * p.stride_out_b + s * p.stride_out_s + h * p.stride_out_h + 2 * threadIdx.x;
-  out[0] = from_float<T>(x * inv);
-  out[1] = from_float<T>(y * inv);
-  if (threadIdx.x == 0) {
-    p.lse[req * p.stride_lse_b + h * p.stride_lse_h + s * p.stride_lse_s] =
-        total == 0.f ? -INFINITY : (max_lse + log2f(total)) * kLn2;
+
+  for (int y = blockIdx.y;; y += gridDim.y) {
+    // Which request, how many splits, first slot. Values from a plan are bounds-checked so a
+    // hand-made schedule can give a wrong answer but never a read outside the workspace.
+    int req, n;
+    int64_t first;
+    if (p.split_list != nullptr) {
+      if (y >= p.list_len) break;
+      req = p.split_list[int64_t(y) * p.stride_split_list];
+      if (req < 0) break;  // end of the list
+      if (req >= p.b) continue;
+      n = p.split_info[req * 2 + 0];
+      first = p.split_info[req * 2 + 1];
+    } else {
+      if (y >= p.b) break;
+      req = y;
+      n = p.num_splits;
+      first = 0;
+    }
+    if (first < 0 || first >= p.num_slots || n < 1) continue;
+    n = static_cast<int>(std::min<int64_t>(n, p.num_slots - first));
+    const int64_t base = first * p.stride_partial_slot + int64_t(req) * p.stride_partial_req + row;
+
+    // Running max (log2), sum of weights and weighted sum of this thread's splits.
+    float m = -INFINITY, sum = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k0 = g; k0 < n; k0 += kGroups * kUnroll) {
+      float l[kUnroll];
+      float4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int k = k0 + u * kGroups;
+        if (k < n) {
+          const int64_t r = base + int64_t(k) * p.stride_partial_slot;
+          l[u] = p.partial_lse[r];
+          v[u] = reinterpret_cast<const float4*>(p.partial_o + r * kKvLoraRank)[col4];
+        } else {
+          l[u] = -INFINITY;
+          v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+      }
+      float m_new = m;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (p.lse_is_natural) l[u] *= kLog2e;
+        m_new = fmaxf(m_new, l[u]);
+      }
+      if (m_new == -INFINITY) continue;  // only empty pieces so far
+      const float alpha = exp2f(m - m_new);  // 0 while m is -inf
+      sum *= alpha;
+      acc.x *= alpha, acc.y *= alpha, acc.z *= alpha, acc.w *= alpha;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const float w = exp2f(l[u] - m_new);  // 0 for an empty piece (lse -inf); NaN propagates
+        sum += w;
+        if (w != 0.f) fma4(acc, w, v[u]);
+      }
+      m = m_new;
+    }
+
+    acc_smem[g][c] = acc;
+    if (c == 0) max_smem[g] = m, sum_smem[g] = sum;
+    __syncthreads();
+    if (threadIdx.x < kLanes) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int gg = 0; gg < kGroups; ++gg) mx = fmaxf(mx, max_smem[gg]);
+      float total = 0.f;
+      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (mx != -INFINITY) {
+#pragma unroll
+        for (int gg = 0; gg < kGroups; ++gg) {
+          const float w = exp2f(max_smem[gg] - mx);  // 0 for groups that saw nothing
+          total += w * sum_smem[gg];
+          if (w != 0.f) fma4(o, w, acc_smem[gg][threadIdx.x]);
+        }
+      }
+      // total == 0: nothing attended (out 0, lse -inf); NaN propagates.
+      const float lse = total == 0.f ? -INFINITY : (mx + log2f(total)) * kLn2;
+      float f = total == 0.f ? 0.f : 1.f / total;
+      if (p.attn_sink != nullptr) {
+        // e^lse / (e^lse + e^sink) = 1 / (1 + e^(sink - lse)): +inf sink -> 0, -inf sink -> 1.
+        f *= lse == -INFINITY ? 0.f : 1.f / (1.f + expf(p.attn_sink[h] - lse));
+      }
+      T* out = static_cast<T*>(p.out) + req * p.stride_out_b + s * p.stride_out_s + h * p.stride_out_h + 4 * col4;
+      // Two 4-byte stores: rows are only guaranteed 4-byte aligned (even strides).
+      reinterpret_cast<uint32_t*>(out)[0] = pack2<T>(o.x * f, o.y * f);
+      reinterpret_cast<uint32_t*>(out)[1] = pack2<T>(o.z * f, o.w * f);
+      if (chunk == 0 && threadIdx.x == 0) p.lse[req * p.stride_lse_b + h * p.stride_lse_h + s * p.stride_lse_s] = lse;
+    }
+    __syncthreads();  // shared memory is reused by the next request
   }
+}
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] != '\0' && !(v[0] == '0' && v[1] == '\0');
+}
+
+template <typename T, int kChunks>
+void launch(const CombineParams& p, dim3 grid) {
+  auto* kernel = &split_combine_kernel<T, kChunks>;
+  int device = 0;
+  MLA_CUDA_CHECK(cudaGetDevice(&device));
+  // PDL needs sm90 on the device and in the loaded binary (an sm80 build has no wait in it).
+  cudaFuncAttributes attrs{};
+  MLA_CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernel));
+  const bool pdl = device_info(device).sm_version >= 90 && attrs.binaryVersion >= 90 && !env_flag("MLA_EXT_NO_PDL");
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = p.stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
 }
 
 }  // namespace
 
-void run_decode_combine(const DecodeParams& p) {
-  static_assert(kCombineWarps * 32 * 2 == kKvLoraRank, "one thread per two output dims");
-  const dim3 grid(p.num_rows, p.num_parts);
-  MLA_DISPATCH_HALF_TYPES(p.q_dtype, "q", [&] {
-    decode_combine_kernel<scalar_t><<<grid, kCombineWarps * 32, 0, p.stream>>>(p);
-    MLA_CHECK_LAUNCH();
+void run_split_combine(const CombineParams& p) {
+  MLA_HOST_CHECK(p.b >= 1 && p.s_q >= 1 && p.h_q >= 1, "combine needs b, s_q, h_q >= 1");
+  MLA_HOST_CHECK(p.split_list == nullptr ? p.num_splits >= 1 : (p.split_info != nullptr && p.list_len >= 1),
+                 "combine needs a split list with split_info, or num_splits");
+  const int64_t num_rows = int64_t(p.s_q) * p.h_q;
+  // Requests that can need merging: at most one per list entry (dense), else all of them.
+  const int64_t items = p.split_list != nullptr ? std::min<int64_t>(p.b, p.list_len) : p.b;
+  int chunks = 1;
+  while (chunks < 8 && num_rows * chunks * items < 2 * int64_t(p.num_sms)) chunks *= 2;
+  if (const char* forced = std::getenv("MLA_EXT_COMBINE_CHUNKS"); forced != nullptr && forced[0] != '\0') {
+    chunks = std::atoi(forced);
+    MLA_HOST_CHECK(chunks == 1 || chunks == 2 || chunks == 4 || chunks == 8, "MLA_EXT_COMBINE_CHUNKS must be 1, 2, 4 or 8");
+  }
+  MLA_HOST_CHECK(num_rows * chunks < (int64_t(1) << 31), "combine: too many query rows");
+  // About four CTAs per SM in total; each walks every gridDim.y-th request.
+  const int64_t per_item = num_rows * chunks;
+  const int64_t ys = std::clamp<int64_t>((4 * int64_t(p.num_sms) + per_item - 1) / per_item, 1, std::min<int64_t>(items, 65535));
+  const dim3 grid(static_cast<unsigned>(per_item), static_cast<unsigned>(ys));
+  MLA_DISPATCH_HALF_TYPES(p.out_dtype, "out", [&] {
+    switch (chunks) {
+      case 1: launch<scalar_t, 1>(p, grid); break;
+      case 2: launch<scalar_t, 2>(p, grid); break;
+      case 4: launch<scalar_t, 4>(p, grid); break;
+      default: launch<scalar_t, 8>(p, grid); break;
+    }
   });
 }
 
-}  // namespace mla::decode
+}  // namespace mla::combine

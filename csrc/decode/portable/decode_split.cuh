@@ -142,8 +142,8 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int32_t* sched = p.schedule + blockIdx.x * kScheduleFields;
-  const int begin_req = sched[kBeginReq], begin_tile = sched[kBeginTile];
-  const int end_req = sched[kEndReq], end_tile = sched[kEndTile], begin_split = sched[kBeginSplit];
+  const int begin_req = max(sched[kBeginReq], 0), begin_tile = sched[kBeginTile];
+  const int end_req = min(sched[kEndReq], p.b - 1), end_tile = sched[kEndTile], begin_split = sched[kBeginSplit];
   const int row0 = blockIdx.y * kBlockM;                   // first query row of this CTA
   const int rows_here = min(kBlockM, p.num_rows - row0);
   // fp8: K and V are used unscaled (exact in 16 bits); the per-tensor scale multiplies the
@@ -159,8 +159,8 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
     const int seq_len = max(p.seq_lens[req], 0);
     const int kv_len = static_cast<int>(seq_len < max_kv ? seq_len : max_kv);  // past the table: invalid
     const int tile_begin = req == begin_req ? begin_tile : 0;
-    const int tile_end = min(req == end_req ? end_tile : (seq_len + kBlockN - 1) / kBlockN,
-                             (kv_len + kBlockN - 1) / kBlockN);
+    const int tile_end = min(req == end_req ? end_tile : key_tiles(seq_len),
+                             key_tiles(kv_len));
     const int num_tiles = max(tile_end - tile_begin, 0);
     const int32_t* bt = p.block_table + req * p.stride_block_table_b;
 
@@ -477,7 +477,7 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = mt * 16 + lane / 4 + 8 * h;
-        if (r >= rows_here) continue;
+        if (r >= rows_here || slot >= p.max_partials) continue;  // (a hand-made plan's bad slot)
         float total = 0.f;
 #pragma unroll
         for (int w = 0; w < C::kWarps; ++w) total += red[w * kBlockM + r];

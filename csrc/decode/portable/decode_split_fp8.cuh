@@ -153,8 +153,8 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
   const auto team_sync = [&] { named_barrier(1 + team, C::kTeamThreads); };
 
   const int32_t* sched = p.schedule + blockIdx.x * kScheduleFields;
-  const int begin_req = sched[kBeginReq], begin_tile = sched[kBeginTile];
-  const int end_req = sched[kEndReq], end_tile = sched[kEndTile], begin_split = sched[kBeginSplit];
+  const int begin_req = max(sched[kBeginReq], 0), begin_tile = sched[kBeginTile];
+  const int end_req = min(sched[kEndReq], p.b - 1), end_tile = sched[kEndTile], begin_split = sched[kBeginSplit];
   const int row0 = blockIdx.y * C::kRows;
   const int rows_here = min(C::kRows, p.num_rows - row0);
   const float tensor_scale = C::kDsMla ? 1.f : *p.scale;  // fp8: scores and output, exactly
@@ -164,8 +164,8 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     const int seq_len = max(p.seq_lens[req], 0);
     const int kv_len = static_cast<int>(seq_len < max_kv ? seq_len : max_kv);
     const int tile_begin = req == begin_req ? begin_tile : 0;
-    const int tile_end = min(req == end_req ? end_tile : (seq_len + kBlockN - 1) / kBlockN,
-                             (kv_len + kBlockN - 1) / kBlockN);
+    const int tile_end = min(req == end_req ? end_tile : key_tiles(seq_len),
+                             key_tiles(kv_len));
     const int num_tiles = max(tile_end - tile_begin, 0);
     const int32_t* bt = p.block_table + req * p.stride_block_table_b;
 
@@ -494,7 +494,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         // tot == 0: nothing attended (out 0, lse -inf); NaN propagates.
         const float inv = tot == 0.f ? 0.f : tensor_scale / tot;
         const float c0 = a0 * r0 * inv, c1 = a1 * r1 * inv;
-        if (r >= rows_here) continue;
+        if (r >= rows_here || slot >= p.max_partials) continue;  // (a hand-made plan's bad slot)
         const float lse2 = tot == 0.f ? -INFINITY : mm + log2f(tot);
         const int gr = row0 + r, s = gr / p.h_q, hq = gr % p.h_q;
 #pragma unroll
