@@ -32,6 +32,7 @@
 #include "common/arch.h"
 #include "common/cuda_check.h"
 #include "decode/decode.h"
+#include "decode/portable/split_common.cuh"
 #include "common/sm80.cuh"
 
 namespace mla::decode::portable {
@@ -184,13 +185,9 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
     auto load_tile = [&](int t, int stage) {
       const int r = tid / C::kLoadThreadsPerRow, sub = tid % C::kLoadThreadsPerRow;
       const int key = t * kBlockN + r;
-      const uint8_t* src = static_cast<const uint8_t*>(p.kv_cache);
-      bool ok = key < kv_len;
-      if (ok) {
-        const int page = bt[key / p.block_size];
-        ok = page >= 0 && page < p.num_blocks;
-        if (ok) src += page * p.stride_cache_block_bytes + (key % p.block_size) * p.stride_cache_token_bytes;
-      }
+      const uint8_t* row = cache_row(p, bt, key, kv_len);
+      const bool ok = row != nullptr;
+      const uint8_t* src = ok ? row : static_cast<const uint8_t*>(p.kv_cache);  // any valid address
       if (sub == 0) flags[stage * kBlockN + r] = ok;
       const uint32_t dst = raw_base + stage * C::kRawStageBytes;
 #pragma unroll
@@ -508,17 +505,7 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
 template <typename T, CacheFormat kFormat, int kBlockM>
 void launch_decode_split(const DecodeParams& p) {
   using C = SplitConfig<T, kFormat, kBlockM>;
-  auto* kernel = &decode_split_kernel<T, kFormat, kBlockM>;
-  int device = 0;
-  MLA_CUDA_CHECK(cudaGetDevice(&device));
-  // Tiles are sized for the 227 KB of sm90/sm100; sm80/sm86 would need a smaller configuration.
-  MLA_HOST_CHECK(device_info(device).max_smem_per_block >= C::kSmemBytes,
-                 "the portable decode kernel needs " + std::to_string(C::kSmemBytes) +
-                     " bytes of shared memory per block, more than this GPU offers");
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
-  const dim3 grid(p.num_parts, num_m_blocks(p.num_rows, p.format));
-  kernel<<<grid, C::kThreads, C::kSmemBytes, p.stream>>>(p);
-  MLA_CHECK_LAUNCH();
+  launch_split_kernel(&decode_split_kernel<T, kFormat, kBlockM>, C::kThreads, C::kSmemBytes, "portable decode kernel", p);
 }
 
 }  // namespace mla::decode::portable

@@ -40,6 +40,7 @@
 #include "common/cuda_check.h"
 #include "common/sm80.cuh"
 #include "decode/decode.h"
+#include "decode/portable/split_common.cuh"
 
 namespace mla::decode::portable {
 
@@ -181,13 +182,9 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     auto load_tile = [&](int t, int stage) {
       const int r = ttid / C::kLoadThreadsPerRow, sub = ttid % C::kLoadThreadsPerRow;
       const int key = t * kBlockN + r;
-      const uint8_t* src = static_cast<const uint8_t*>(p.kv_cache);
-      bool ok = key < kv_len;
-      if (ok) {
-        const int page = bt[key / p.block_size];
-        ok = page >= 0 && page < p.num_blocks;
-        if (ok) src += page * p.stride_cache_block_bytes + (key % p.block_size) * p.stride_cache_token_bytes;
-      }
+      const uint8_t* row = cache_row(p, bt, key, kv_len);
+      const bool ok = row != nullptr;
+      const uint8_t* src = ok ? row : static_cast<const uint8_t*>(p.kv_cache);  // any valid address
       uint8_t* st = team_smem + C::kOffStages + stage * C::kStageBytes;
       if (sub == 0) st[C::kStageKeyBytes + C::kStageScaleBytes + r] = ok;
       // Thread `sub` copies raw chunks 4 j + sub. Chunk c of key r lives at c ^ f(r); with
@@ -531,16 +528,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
 template <typename T, CacheFormat kFormat>
 void launch_decode_split_fp8(const DecodeParams& p) {
   using C = Fp8SplitConfig<kFormat>;
-  auto* kernel = &decode_split_fp8_kernel<T, kFormat>;
-  int device = 0;
-  MLA_CUDA_CHECK(cudaGetDevice(&device));
-  MLA_HOST_CHECK(device_info(device).max_smem_per_block >= C::kSmemBytes,
-                 "the portable fp8 decode kernel needs " + std::to_string(C::kSmemBytes) +
-                     " bytes of shared memory per block, more than this GPU offers");
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
-  const dim3 grid(p.num_parts, num_m_blocks(p.num_rows, p.format));
-  kernel<<<grid, C::kThreads, C::kSmemBytes, p.stream>>>(p);
-  MLA_CHECK_LAUNCH();
+  launch_split_kernel(&decode_split_fp8_kernel<T, kFormat>, C::kThreads, C::kSmemBytes, "portable fp8 decode kernel", p);
 }
 
 }  // namespace mla::decode::portable
