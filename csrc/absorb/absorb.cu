@@ -1,7 +1,12 @@
-// Host dispatch of the absorbed projections: pick the tile tier by T and the weight dtype.
+// Host dispatch of the absorbed projections: pick the kernel and tile tier by T, H, the GPU and
+// the weight dtype.
 #include "absorb/absorb.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "absorb/absorb_gemm.h"
+#include "common/arch.h"
 #include "common/cuda_check.h"
 #include "common/dispatch.h"
 
@@ -17,27 +22,61 @@ int tier_for(int64_t num_tokens) {
   return 3;
 }
 
-// Narrow tiers exist for v_up only.
-template <AbsorbOp kOp, bool kFp8, int kTier>
-void launch_narrow(const AbsorbParams& p) {
-  if constexpr (kOp == AbsorbOp::kVUp) {
-    absorb::launch_absorb_gemm<absorb::TierConfig<kOp, kFp8, kTier>>(p);
-  } else {
-    MLA_HOST_CHECK(false, "narrow tiles are for v_up only");
-  }
-}
-
 template <AbsorbOp kOp, bool kFp8>
 void run_tiers(const AbsorbParams& p) {
   using namespace absorb;
-  // v_up has N = 128 only: below ~one head per SM, narrow tiles (BN = 16) spread each head's
-  // weights over 8 CTAs instead of one.
-  const bool narrow = kOp == AbsorbOp::kVUp && p.num_heads < 96;
   switch (tier_for(p.num_tokens)) {
-    case 0: return narrow ? launch_narrow<kOp, kFp8, 4>(p) : launch_absorb_gemm<TierConfig<kOp, kFp8, 0>>(p);
-    case 1: return narrow ? launch_narrow<kOp, kFp8, 5>(p) : launch_absorb_gemm<TierConfig<kOp, kFp8, 1>>(p);
-    case 2: return narrow ? launch_narrow<kOp, kFp8, 6>(p) : launch_absorb_gemm<TierConfig<kOp, kFp8, 2>>(p);
+    case 0: return launch_absorb_gemm<TierConfig<kOp, kFp8, 0>>(p);
+    case 1: return launch_absorb_gemm<TierConfig<kOp, kFp8, 1>>(p);
+    case 2: return launch_absorb_gemm<TierConfig<kOp, kFp8, 2>>(p);
     default: return launch_absorb_gemm<TierConfig<kOp, kFp8, 3>>(p);
+  }
+}
+
+// v_up's three kernels. MLA_EXT_VUP_KERNEL=splitk|wgmma|tiles forces one (tests run every path
+// at every size with it; benchmarks measure the boundaries), otherwise:
+//   - split-K over a cluster (sm90+) while one 128-row tile per head leaves SMs idle: T <= 32,
+//     or T <= 512 with fewer than num_SMs such tiles in all (H = 16 up to T = 512);
+//   - the wgmma kernel beyond, on sm90 unless MLA_EXT_FORCE_PORTABLE is set;
+//   - the portable mma.sync tiles (tier 2 up to T = 512, tier 3 beyond) otherwise (sm100).
+enum class VUpKernel { kSplitK, kWgmma, kTiles };
+
+VUpKernel pick_v_up_kernel(const AbsorbParams& p) {
+  const DeviceInfo& info = device_info(p.device);
+  const bool clusters = info.sm_version >= 90;
+  const bool wgmma = info.sm_version == 90 && !force_portable_from_env();
+  const char* forced = std::getenv("MLA_EXT_VUP_KERNEL");
+  if (forced != nullptr && forced[0] != '\0') {
+    const std::string name(forced);
+    if (name == "splitk") {
+      MLA_HOST_CHECK(clusters, "MLA_EXT_VUP_KERNEL=splitk needs sm90+ (thread block clusters)");
+      return VUpKernel::kSplitK;
+    }
+    if (name == "wgmma") {
+      MLA_HOST_CHECK(info.sm_version == 90, "MLA_EXT_VUP_KERNEL=wgmma needs sm90");
+      return VUpKernel::kWgmma;
+    }
+    MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be splitk, wgmma or tiles, got " + name);
+    return VUpKernel::kTiles;
+  }
+  const int64_t tiles128 = p.num_heads * ((p.num_tokens + 127) / 128);
+  if (clusters && (p.num_tokens <= 32 || (p.num_tokens <= 512 && tiles128 < info.num_sms))) return VUpKernel::kSplitK;
+  return wgmma ? VUpKernel::kWgmma : VUpKernel::kTiles;
+}
+
+template <bool kFp8>
+void run_v_up(const AbsorbParams& p) {
+  using namespace absorb;
+  switch (pick_v_up_kernel(p)) {
+    case VUpKernel::kSplitK:
+      if (p.num_tokens <= 16) return run_v_up_splitk<kFp8, 16>(p);
+      if (p.num_tokens <= 32) return run_v_up_splitk<kFp8, 32>(p);
+      return run_v_up_splitk<kFp8, 64>(p);
+    case VUpKernel::kWgmma:
+      return run_v_up_wgmma<kFp8>(p);
+    case VUpKernel::kTiles:
+      return p.num_tokens <= 512 ? launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, kFp8, 2>>(p)
+                                 : launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, kFp8, 3>>(p);
   }
 }
 
@@ -53,7 +92,7 @@ void run_absorb(const AbsorbParams& p) {
     if (p.op == AbsorbOp::kQAbsorb) {
       run_tiers<AbsorbOp::kQAbsorb, kFp8>(p);
     } else {
-      run_tiers<AbsorbOp::kVUp, kFp8>(p);
+      run_v_up<kFp8>(p);
     }
   });
 }
