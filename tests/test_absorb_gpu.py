@@ -57,11 +57,12 @@ def test_q_absorb(t, h, fp8):
 
 # v_up's kernels (csrc/absorb/absorb.cu pick_v_up_kernel): "auto" is the default choice,
 # "portable" the default with MLA_EXT_FORCE_PORTABLE=1 (what sm100 runs), the others forced with
-# MLA_EXT_VUP_KERNEL so that every kernel meets every size. Token counts: the split-K tiers
-# (BM = 16 / 32 / 64: 16, 17, 32, 33), the boundaries of the automatic choice (512, 513), odd
-# sizes (7, 257) and a large T with partial last tiles for every BM (4097).
-V_UP_TOKENS = (1, 7, 16, 17, 32, 33, 64, 257, 512, 513, 4097)
-V_UP_KERNELS = ("auto", "portable", "splitk", "wgmma", "tiles")
+# MLA_EXT_VUP_KERNEL so that every kernel meets every size. Token counts: the BM boundaries of the
+# kernels (16/17, 32/33, 64), the sizes where ksplit picks BN = 32 and 64 at H = 16 (128, 256),
+# the boundaries of the automatic choice (32/33 at H = 128, 512/513 at H < 96), odd sizes (7, 257)
+# and a large T with a partial last tile for every BM (4097).
+V_UP_TOKENS = (1, 7, 16, 17, 32, 33, 64, 128, 256, 257, 512, 513, 4097)
+V_UP_KERNELS = ("auto", "portable", "ksplit", "cluster", "wgmma", "tiles")
 
 
 def _use_v_up_kernel(monkeypatch, kernel: str):
@@ -90,13 +91,14 @@ def test_v_up(t, h, fp8, kernel, monkeypatch):
         assert_close(out, reference.v_up(x.float(), w_uv, scale), name=f"v_up T={t} H={h} vs fp32 weights", **FP32_W_TOL)
 
 
-@pytest.mark.parametrize("kernel", ("splitk", "wgmma", "tiles"))
+@pytest.mark.parametrize("kernel", ("ksplit", "cluster", "wgmma", "tiles"))
 def test_v_up_sanitizer_small(kernel, monkeypatch):
     """Small cases of each v_up kernel for compute-sanitizer (-k sanitizer): partial tiles, a
     head count that is no power of two, a padded out= buffer whose NaN must survive, and
     run-to-run bitwise equality (the split-K reduction has a fixed order)."""
     _use_v_up_kernel(monkeypatch, kernel)
-    for t, h, fp8 in ((1, 3, False), (33, 1, True), (130, 3, False), (130, 3, True)):
+    # (ksplit picks BN = 16, 16, 16, 32, 64, 128 for these on 132 SMs)
+    for t, h, fp8 in ((1, 3, False), (33, 1, True), (130, 3, True), (20, 20, True), (100, 20, False), (200, 40, True)):
         w = _weights(h, fp8)
         x = torch.randn(t, h, 520, device="cuda", dtype=torch.bfloat16)[..., :L]
         n = t * h * V
@@ -203,5 +205,5 @@ def test_misaligned_contiguous_views(fp8):
 def test_v_up_kernel_override_is_checked(monkeypatch):
     monkeypatch.setenv("MLA_EXT_VUP_KERNEL", "fastest")
     w = _weights(4, False)
-    with pytest.raises(RuntimeError, match="MLA_EXT_VUP_KERNEL must be splitk, wgmma or tiles"):
+    with pytest.raises(RuntimeError, match="MLA_EXT_VUP_KERNEL must be ksplit, cluster, wgmma or tiles"):
         mla_ext.v_up(torch.randn(3, 4, L, device="cuda", dtype=torch.bfloat16), *w.uv())

@@ -33,50 +33,65 @@ void run_tiers(const AbsorbParams& p) {
   }
 }
 
-// v_up's three kernels. MLA_EXT_VUP_KERNEL=splitk|wgmma|tiles forces one (tests run every path
-// at every size with it; benchmarks measure the boundaries), otherwise:
-//   - split-K over a cluster (sm90+) while one 128-row tile per head leaves SMs idle: T <= 32,
-//     or T <= 512 with fewer than num_SMs such tiles in all (H = 16 up to T = 512);
-//   - the wgmma kernel beyond, on sm90 unless MLA_EXT_FORCE_PORTABLE is set;
-//   - the portable mma.sync tiles (tier 2 up to T = 512, tier 3 beyond) otherwise (sm100).
-enum class VUpKernel { kSplitK, kWgmma, kTiles };
+// v_up's kernels. MLA_EXT_VUP_KERNEL=ksplit|cluster|wgmma|tiles forces one (tests run every
+// kernel at every size with it; the benchmark's --sweep-v-up measures each at every size),
+// otherwise, measured on the H200 (README.md):
+//   - few heads (H < 96) up to T = 512: K split over a CTA's warps, BN chosen for ~one CTA per SM;
+//   - H >= 96 at T <= 32: the tiles (one CTA per head with all of K in flight);
+//   - beyond: the wgmma kernel on sm90 (unless MLA_EXT_FORCE_PORTABLE is set), else the tiles.
+// The cluster split-K kernel is only reachable by the override: it lost to ksplit everywhere.
+enum class VUpKernel { kKSplit, kCluster, kWgmma, kTiles };
 
 VUpKernel pick_v_up_kernel(const AbsorbParams& p) {
   const DeviceInfo& info = device_info(p.device);
-  const bool clusters = info.sm_version >= 90;
   const bool wgmma = info.sm_version == 90 && !force_portable_from_env();
   const char* forced = std::getenv("MLA_EXT_VUP_KERNEL");
   if (forced != nullptr && forced[0] != '\0') {
     const std::string name(forced);
-    if (name == "splitk") {
-      MLA_HOST_CHECK(clusters, "MLA_EXT_VUP_KERNEL=splitk needs sm90+ (thread block clusters)");
-      return VUpKernel::kSplitK;
+    if (name == "ksplit") return VUpKernel::kKSplit;
+    if (name == "cluster") {
+      MLA_HOST_CHECK(info.sm_version >= 90, "MLA_EXT_VUP_KERNEL=cluster needs sm90+ (thread block clusters)");
+      return VUpKernel::kCluster;
     }
     if (name == "wgmma") {
       MLA_HOST_CHECK(info.sm_version == 90, "MLA_EXT_VUP_KERNEL=wgmma needs sm90");
       return VUpKernel::kWgmma;
     }
-    MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be splitk, wgmma or tiles, got " + name);
+    MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, cluster, wgmma or tiles, got " + name);
     return VUpKernel::kTiles;
   }
-  const int64_t tiles128 = p.num_heads * ((p.num_tokens + 127) / 128);
-  if (clusters && (p.num_tokens <= 32 || (p.num_tokens <= 512 && tiles128 < info.num_sms))) return VUpKernel::kSplitK;
+  if (p.num_heads < 96 && p.num_tokens <= 512) return VUpKernel::kKSplit;
+  if (p.num_tokens <= 32) return VUpKernel::kTiles;
   return wgmma ? VUpKernel::kWgmma : VUpKernel::kTiles;
+}
+
+// ksplit: BM = 16 up to 16 tokens, else 64; 128 / BN CTAs per (head, tile), the largest power of
+// two <= 8 that keeps the grid within one CTA per SM (more CTAs per head re-read x from L2).
+template <bool kFp8, int kBM>
+void run_v_up_ksplit_bm(const AbsorbParams& p) {
+  using absorb::run_v_up_ksplit;
+  const int64_t ctas = p.num_heads * ((p.num_tokens + kBM - 1) / kBM);
+  const int64_t room = device_info(p.device).num_sms / ctas;
+  if (room >= 8) return run_v_up_ksplit<kFp8, kBM, 16>(p);
+  if (room >= 4) return run_v_up_ksplit<kFp8, kBM, 32>(p);
+  if (room >= 2) return run_v_up_ksplit<kFp8, kBM, 64>(p);
+  return run_v_up_ksplit<kFp8, kBM, 128>(p);
 }
 
 template <bool kFp8>
 void run_v_up(const AbsorbParams& p) {
   using namespace absorb;
   switch (pick_v_up_kernel(p)) {
-    case VUpKernel::kSplitK:
+    case VUpKernel::kKSplit:
+      return p.num_tokens <= 16 ? run_v_up_ksplit_bm<kFp8, 16>(p) : run_v_up_ksplit_bm<kFp8, 64>(p);
+    case VUpKernel::kCluster:
       if (p.num_tokens <= 16) return run_v_up_splitk<kFp8, 16>(p);
       if (p.num_tokens <= 32) return run_v_up_splitk<kFp8, 32>(p);
       return run_v_up_splitk<kFp8, 64>(p);
     case VUpKernel::kWgmma:
       return run_v_up_wgmma<kFp8>(p);
     case VUpKernel::kTiles:
-      return p.num_tokens <= 512 ? launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, kFp8, 2>>(p)
-                                 : launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, kFp8, 3>>(p);
+      return run_tiers<AbsorbOp::kVUp, kFp8>(p);
   }
 }
 

@@ -51,14 +51,15 @@ struct Config {
 // the small output) dominates, and a 128-row GEMM tile at large T.
 //   q_absorb (K = 128): tiers 0-2: BN = 64, 4 warps side by side on N (8 CTAs per head stream
 //                       the weights); tier 3: 128 x 128, 2 x 4 warps. 3 stages cover a tile.
-//   v_up (K = 512):     the portable path for T > 32 with many heads (smaller T and few heads
-//                       take the split-K cluster kernel, v_up_splitk.cuh; sm90 takes
-//                       sm90/v_up_wgmma.cuh): tier 2: BM = 64, BN = 128 (x read once), 2 x 8
-//                       warps, 5 stages; tier 3: 128 x 128, 4 x 4 warps, 4 stages, one CTA per SM
-//                       (the slice is 128 KiB).
+//   v_up (K = 512):     BN = 128 (all of N, so x is read once). Tiers 0-1: 8 warps on N, 9
+//                       stages (all of K in flight); tier 2: 2 x 8 warps, 5 stages; tier 3:
+//                       128 x 128, 4 x 4 warps, 4 stages, one CTA per SM (the slice is 128 KiB).
+//                       absorb.cu uses them for H >= 96 at T <= 32, and on the portable path
+//                       (sm100) at T > 32; the other cases take v_up_ksplit.cuh (few heads) or
+//                       sm90/v_up_wgmma.cuh.
 // Measured on the H200 (csrc/absorb/README.md has the numbers): large v_up as 128 x 64 tiles with
 // two CTAs per SM was 20-25% slower than tier 3, and the 16-warp tier-2 tiles 5-7% slower than the
-// 8-warp ones they replaced; narrow (BN = 16) tiles for few heads were replaced by split-K.
+// 8-warp ones they replaced.
 inline constexpr int kNumTiers = 4;
 inline constexpr int kTierBM[kNumTiers] = {16, 32, 64, 128};
 
@@ -70,9 +71,9 @@ struct TierConfigOf<AbsorbOp::kQAbsorb, kFp8, kTier> {
 };
 template <bool kFp8, int kTier>
 struct TierConfigOf<AbsorbOp::kVUp, kFp8, kTier> {
-  static_assert(kTier >= 2, "v_up below 33 tokens takes the split-K kernel");
-  using type = Config<AbsorbOp::kVUp, kFp8, kTierBM[kTier], 128, kTier == 3 ? 4 : 2, kTier == 3 ? 4 : 8,
-                      kTier == 3 ? 4 : 5>;
+  static constexpr int kBM = kTierBM[kTier];
+  using type = Config<AbsorbOp::kVUp, kFp8, kBM, 128, kTier == 3 ? 4 : (kBM == 64 ? 2 : 1), kTier == 3 ? 4 : 8,
+                      kBM <= 32 ? 9 : (kTier == 3 ? 4 : 5)>;
 };
 template <AbsorbOp kOp, bool kFp8, int kTier>
 using TierConfig = typename TierConfigOf<kOp, kFp8, kTier>::type;
@@ -81,9 +82,12 @@ using TierConfig = typename TierConfigOf<kOp, kFp8, kTier>::type;
 template <class Cfg>
 void launch_absorb_gemm(const AbsorbParams& params);
 
-// v_up's other kernels (v_up_splitk.cuh, sm90/v_up_wgmma.cuh), instantiated in
-// instantiations/v_up_{splitk,wgmma}_*.cu: split-K over a cluster for BM = 16, 32, 64 rows per
-// cluster; wgmma for large T on sm90a.
+// v_up's other kernels, instantiated in instantiations/v_up_{ksplit,splitk,wgmma}_*.cu:
+// K split over a CTA's warps (v_up_ksplit.cuh; BM = 16 or 64, BN = 16, 32, 64, 128); K split over
+// a cluster of 8 CTAs (v_up_splitk.cuh; BM = 16, 32, 64); wgmma for large T on sm90a
+// (sm90/v_up_wgmma.cuh).
+template <bool kFp8, int kBM, int kBN>
+void run_v_up_ksplit(const AbsorbParams& params);
 template <bool kFp8, int kBM>
 void run_v_up_splitk(const AbsorbParams& params);
 template <bool kFp8>
