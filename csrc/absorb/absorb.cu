@@ -33,14 +33,13 @@ void run_tiers(const AbsorbParams& p) {
   }
 }
 
-// v_up's kernels. MLA_EXT_VUP_KERNEL=ksplit|cluster|wgmma|tiles forces one (tests run every
+// v_up's kernels. MLA_EXT_VUP_KERNEL=ksplit|wgmma|tiles forces one (tests run every
 // kernel at every size with it; the benchmark's --sweep-v-up measures each at every size),
 // otherwise, measured on the H200 (README.md):
 //   - few heads (H < 96) up to T = 512: K split over a CTA's warps, BN chosen for ~one CTA per SM;
 //   - H >= 96 at T <= 32: the tiles (one CTA per head with all of K in flight);
 //   - beyond: the wgmma kernel on sm90 (unless MLA_EXT_FORCE_PORTABLE is set), else the tiles.
-// The cluster split-K kernel is only reachable by the override: it lost to ksplit everywhere.
-enum class VUpKernel { kKSplit, kCluster, kWgmma, kTiles };
+enum class VUpKernel { kKSplit, kWgmma, kTiles };
 
 VUpKernel pick_v_up_kernel(const AbsorbParams& p) {
   const DeviceInfo& info = device_info(p.device);
@@ -49,15 +48,11 @@ VUpKernel pick_v_up_kernel(const AbsorbParams& p) {
   if (forced != nullptr && forced[0] != '\0') {
     const std::string name(forced);
     if (name == "ksplit") return VUpKernel::kKSplit;
-    if (name == "cluster") {
-      MLA_HOST_CHECK(info.sm_version >= 90, "MLA_EXT_VUP_KERNEL=cluster needs sm90+ (thread block clusters)");
-      return VUpKernel::kCluster;
-    }
     if (name == "wgmma") {
       MLA_HOST_CHECK(info.sm_version == 90, "MLA_EXT_VUP_KERNEL=wgmma needs sm90");
       return VUpKernel::kWgmma;
     }
-    MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, cluster, wgmma or tiles, got " + name);
+    MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, wgmma or tiles, got " + name);
     return VUpKernel::kTiles;
   }
   if (p.num_heads < 96 && p.num_tokens <= 512) return VUpKernel::kKSplit;
@@ -84,10 +79,6 @@ void run_v_up(const AbsorbParams& p) {
   switch (pick_v_up_kernel(p)) {
     case VUpKernel::kKSplit:
       return p.num_tokens <= 16 ? run_v_up_ksplit_bm<kFp8, 16>(p) : run_v_up_ksplit_bm<kFp8, 64>(p);
-    case VUpKernel::kCluster:
-      if (p.num_tokens <= 16) return run_v_up_splitk<kFp8, 16>(p);
-      if (p.num_tokens <= 32) return run_v_up_splitk<kFp8, 32>(p);
-      return run_v_up_splitk<kFp8, 64>(p);
     case VUpKernel::kWgmma:
       return run_v_up_wgmma<kFp8>(p);
     case VUpKernel::kTiles:

@@ -1,12 +1,16 @@
-// Device helpers shared by the absorbed-projection kernels (shared-memory swizzle, e4m3 weight
-// dequantisation).
+// Helpers shared by the absorbed-projection kernels: shared-memory swizzle, e4m3 weight
+// dequantisation, the dynamic shared memory opt-in.
 #pragma once
+
+#include <cuda_runtime.h>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
+
+#include "common/cuda_check.h"
 
 namespace mla::absorb {
 
@@ -27,6 +31,19 @@ __device__ __forceinline__ void dequant16_e4m3(const uint4& raw, float scale, ui
     const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3);
     const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
     dst[i] = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+  }
+}
+
+// Opts `kernel` (whose launch configuration is Cfg) in to Cfg::kSmemBytes of dynamic shared
+// memory, once per device: the attribute is per device, and setting it costs a driver call.
+template <class Cfg>
+void opt_in_smem_once(const void* kernel, int device) {
+  constexpr int kMaxDevices = 64;
+  static bool configured[kMaxDevices] = {};
+  MLA_HOST_CHECK(device >= 0 && device < kMaxDevices, "device index out of range");
+  if (!configured[device]) {
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+    configured[device] = true;
   }
 }
 

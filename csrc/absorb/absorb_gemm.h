@@ -82,14 +82,11 @@ using TierConfig = typename TierConfigOf<kOp, kFp8, kTier>::type;
 template <class Cfg>
 void launch_absorb_gemm(const AbsorbParams& params);
 
-// v_up's other kernels, instantiated in instantiations/v_up_{ksplit,splitk,wgmma}_*.cu:
-// K split over a CTA's warps (v_up_ksplit.cuh; BM = 16 or 64, BN = 16, 32, 64, 128); K split over
-// a cluster of 8 CTAs (v_up_splitk.cuh; BM = 16, 32, 64); wgmma for large T on sm90a
+// v_up's other kernels, instantiated in instantiations/v_up_{ksplit,wgmma}_*.cu: K split over a
+// CTA's warps (v_up_ksplit.cuh; BM = 16 or 64, BN = 16, 32, 64, 128); wgmma for large T on sm90a
 // (sm90/v_up_wgmma.cuh).
 template <bool kFp8, int kBM, int kBN>
 void run_v_up_ksplit(const AbsorbParams& params);
-template <bool kFp8, int kBM>
-void run_v_up_splitk(const AbsorbParams& params);
 template <bool kFp8>
 void run_v_up_wgmma(const AbsorbParams& params);
 

@@ -14,8 +14,9 @@
 //   3. with kWarpsK > 1 the fp32 partials go through shared memory (over the dead inputs) and
 //      every thread sums 4 outputs over wk = 0, 1, ... in order, then stores bf16.
 // Why: a latency-bound size. Each CTA waits for one round of loads (the old 1-warp narrow tiles
-// walked K in 8 dependent steps); no cluster either (split-K over a cluster of 8 CTAs with a
-// DSMEM reduction, v_up_splitk.cuh, measured 8.4-14 us at H = 16, T = 64-256, torch bmm 7 us).
+// walked K in 8 dependent steps). K split over a cluster of 8 CTAs with a DSMEM reduction instead
+// of over warps was slower at every size measured (9.1-14.8 us vs 6.9-9.7 us at H = 16,
+// T = 64-256; README.md), and was removed.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -175,13 +176,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) v_up_ksplit_kernel(const __grid
 template <class Cfg>
 void launch_v_up_ksplit(const AbsorbParams& p) {
   auto kernel = v_up_ksplit_kernel<Cfg>;
-  constexpr int kMaxDevices = 64;
-  static bool configured[kMaxDevices] = {};
-  MLA_HOST_CHECK(p.device >= 0 && p.device < kMaxDevices, "device index out of range");
-  if (!configured[p.device]) {
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-    configured[p.device] = true;
-  }
+  opt_in_smem_once<Cfg>(reinterpret_cast<const void*>(kernel), p.device);
   const int64_t num_tiles = (p.num_tokens + Cfg::BM - 1) / Cfg::BM;
   MLA_HOST_CHECK(p.num_heads <= 65535 && num_tiles <= 65535, "v_up: grid too large (H or T)");
   const dim3 grid(kVHeadDim / Cfg::BN, static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_tiles));

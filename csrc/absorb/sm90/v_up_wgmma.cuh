@@ -13,8 +13,7 @@
 //      next barrier, so a stage is free when it is refilled. The loads run kStages - 1 pieces
 //      ahead, which is what keeps HBM busy: the tensor work per piece is about half the time
 //      its bytes take to arrive.
-//   3. After the 8th piece of a tile: bf16 pairs straight from the accumulators to global memory
-//      (the L2 merges each row's 16-byte pieces; shared memory holds pipeline stages instead).
+//   3. After the 8th piece of a tile: bf16 tile -> swizzled shared memory -> 16-byte stores.
 // Why not mma.sync: at one 8-warp CTA per SM (the 128 KiB slice) mma.sync plus ldmatrix of both
 // operands is latency bound at ~55% of copy bandwidth (Nsight Compute, README.md); wgmma issues
 // a 64x128x16 product per instruction and reads shared memory itself.
@@ -39,17 +38,19 @@ struct WgmmaVUpConfig {
   static constexpr bool kFp8 = kFp8_;
   static constexpr int BM = 128, N = kVHeadDim, K = kKvLoraRank, BK = 64;
   static constexpr int kChunks = K / BK;  // 8 pieces per tile
-  // 6 stages: 5 pieces (80 KiB) in flight per SM. With 4 (48 KiB in flight, a staged epilogue)
-  // it ran at 77% of copy bandwidth (413 us at H = 128, T = 8192; torch bmm 357 us): Little's law
-  // at ~1.9 us loaded DRAM latency.
-  static constexpr int kStages = 6;
+  // 4 stages and a staged epilogue fill the 227 KiB. 6 stages with the epilogue stored straight
+  // from the accumulators (4-byte stores, no staging buffer) measured slower: 491 vs 413 us at
+  // H = 128, T = 8192, 24.4 vs 19.6 us at T = 256.
+  static constexpr int kStages = 4;
   static constexpr int kThreads = 256;    // 2 warpgroups x 64 rows
   static constexpr int kWChunkBytes = N * BK * 2;  // one [128 n, 64 k] tile: 16 KiB
   static constexpr int kWBytes = kChunks * kWChunkBytes;
   static constexpr int kABytes = BM * BK * 2;      // one stage: 16 KiB
+  static constexpr int kCBytes = BM * N * 2;       // output staging: [128, 128] bf16
   static constexpr int kAOffset = kWBytes;
+  static constexpr int kCOffset = kAOffset + kStages * kABytes;
   // + 1 KiB so that the base can be rounded up to the 1024 bytes the swizzle atoms need
-  static constexpr int kSmemBytes = kAOffset + kStages * kABytes + 1024;
+  static constexpr int kSmemBytes = kCOffset + kCBytes + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of sm90");
 };
 
@@ -63,6 +64,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_wgmma_kernel(const __gr
   uint8_t* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
   const uint32_t smem_w = smem_addr(smem);                // 8 x [128 n][8 chunks], swizzled
   const uint32_t smem_a = smem_w + Cfg::kAOffset;         // kStages x [128 rows][8 chunks]
+  uint8_t* smem_c = smem + Cfg::kCOffset;                 // [128 rows][16 chunks]
 
   const int tid = threadIdx.x, wg = tid / 128, tid_wg = tid % 128, lane = tid % 32;
   const int64_t h = blockIdx.y;
@@ -150,19 +152,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_wgmma_kernel(const __gr
     for (int e = 0; e < 64; ++e) fence_operand(acc[e]);
 
     if (kc == kChunks - 1) {
-      // ---- 3. epilogue: rows 16 (warp % 4) + lane / 4 (+ 8) of this warpgroup's 64
+      // ---- 3. epilogue: each warpgroup stages and stores its own 64 rows
       const int64_t tile = blockIdx.x + static_cast<int64_t>(step / kChunks) * gridDim.x;
-      auto* c_head = static_cast<__nv_bfloat16*>(p.c) + h * p.stride_c_head + 2 * (lane % 4);
+      const int r0 = wg * 64 + (tid_wg / 32) * 16 + lane / 4;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t t = tile * BM + wg * 64 + (tid_wg / 32) * 16 + lane / 4 + 8 * half;
-        if (t < num_tokens) {
+      for (int i = 0; i < Cfg::N / 8; ++i)
 #pragma unroll
-          for (int i = 0; i < Cfg::N / 8; ++i)
-            *reinterpret_cast<__nv_bfloat162*>(c_head + t * p.stride_c_token + 8 * i) =
-                __floats2bfloat162_rn(acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
-        }
+        for (int half = 0; half < 2; ++half)
+          *reinterpret_cast<__nv_bfloat162*>(smem_c + swizzle(r0 + 8 * half, i, 16) + 4 * (lane % 4)) =
+              __floats2bfloat162_rn(acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
+      named_barrier(1 + wg, 128);
+      auto* c_head = static_cast<__nv_bfloat16*>(p.c) + h * p.stride_c_head;
+#pragma unroll
+      for (int i = tid_wg; i < 64 * 16; i += 128) {
+        const int r = wg * 64 + i / 16, c = i % 16;
+        const int64_t t = tile * BM + r;
+        if (t < num_tokens)
+          *reinterpret_cast<uint4*>(c_head + t * p.stride_c_token + c * 8) =
+              *reinterpret_cast<const uint4*>(smem_c + swizzle(r, c, 16));
       }
+      // This warpgroup rewrites its rows of smem_c only after at least one more __syncthreads.
     }
   }
   cp_async_wait<0>();  // only empty groups can be pending here; leave nothing in flight
@@ -174,13 +183,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_wgmma_kernel(const __gr
 template <class Cfg>
 void launch_v_up_wgmma(const AbsorbParams& p) {
   auto kernel = v_up_wgmma_kernel<Cfg>;
-  constexpr int kMaxDevices = 64;
-  static bool configured[kMaxDevices] = {};
-  MLA_HOST_CHECK(p.device >= 0 && p.device < kMaxDevices, "device index out of range");
-  if (!configured[p.device]) {
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-    configured[p.device] = true;
-  }
+  opt_in_smem_once<Cfg>(reinterpret_cast<const void*>(kernel), p.device);
   const int64_t num_tiles = (p.num_tokens + Cfg::BM - 1) / Cfg::BM;
   // One wave: as many M splits as leave no SM idle, each CTA loading its head's weights once.
   int64_t m_splits = device_info(p.device).num_sms / p.num_heads;
