@@ -21,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="T in {1, 64, 8192} only")
     parser.add_argument("--json", metavar="DIR", help="write absorb.json/.md into DIR")
+    parser.add_argument("--sweep-v-up", metavar="DIR",
+                        help="also time v_up with each kernel forced at more T (the tier boundaries); "
+                             "writes absorb_v_up_sweep.json/.md into DIR")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
@@ -39,6 +42,12 @@ def main(argv: list[str] | None = None) -> int:
                  "(v path, without the transpose o_proj needs), and per-call dequantise (fp32 math, bf16) then "
                  "the same for fp8 weights.\n\nIssue 4 bar:\n" + summary)
         for path in write_results(absorb.NAME, rows, roofline, args.json, notes=notes):
+            print("wrote", path)
+    if args.sweep_v_up:
+        sweep = absorb.sweep_v_up(timer, roofline)
+        print(format_table(sweep, "v_up kernels"))
+        for path in write_results(absorb.NAME + "_v_up_sweep", sweep, roofline, args.sweep_v_up,
+                                  notes="v_up with MLA_EXT_VUP_KERNEL forced; vs_bmm in the JSON rows."):
             print("wrote", path)
     return 0
 

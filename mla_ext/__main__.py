@@ -38,7 +38,7 @@ def _environment() -> bool:
     print(f"GPU: {props.name}, {arch}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB")
     forced = os.environ.get("MLA_EXT_FORCE_PORTABLE", "0") not in ("", "0")
     print("kernel paths: portable (mma.sync, cp.async) for every op"
-          + (" (MLA_EXT_FORCE_PORTABLE set)" if forced else "; no sm90/sm100-specific kernel exists yet"))
+          + (" (MLA_EXT_FORCE_PORTABLE set)" if forced else "; sm90-specific: v_up's wgmma kernel (large T)"))
     return True
 
 

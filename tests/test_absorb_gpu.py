@@ -55,19 +55,59 @@ def test_q_absorb(t, h, fp8):
         assert_close(out, ref32, name=f"q_absorb T={t} H={h} vs fp32 weights", **FP32_W_TOL)
 
 
+# v_up's kernels (csrc/absorb/absorb.cu pick_v_up_kernel): "auto" is the default choice,
+# "portable" the default with MLA_EXT_FORCE_PORTABLE=1 (what sm100 runs), the others forced with
+# MLA_EXT_VUP_KERNEL so that every kernel meets every size. Token counts: the BM boundaries of the
+# kernels (16/17, 32/33, 64), the sizes where ksplit picks BN = 32 and 64 at H = 16 (128, 256),
+# the boundaries of the automatic choice (32/33 at H = 128, 512/513 at H < 96), odd sizes (7, 257)
+# and a large T with a partial last tile for every BM (4097).
+V_UP_TOKENS = (1, 7, 16, 17, 32, 33, 64, 128, 256, 257, 512, 513, 4097)
+V_UP_KERNELS = ("auto", "portable", "ksplit", "wgmma", "tiles")
+
+
+def _use_v_up_kernel(monkeypatch, kernel: str):
+    if kernel == "wgmma" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel is sm90 only")
+    if kernel == "portable":
+        monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
+    elif kernel != "auto":
+        monkeypatch.setenv("MLA_EXT_VUP_KERNEL", kernel)
+
+
+@pytest.mark.parametrize("kernel", V_UP_KERNELS)
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("h", HEADS)
-@pytest.mark.parametrize("t", TOKENS)
-def test_v_up(t, h, fp8):
+@pytest.mark.parametrize("t", V_UP_TOKENS)
+def test_v_up(t, h, fp8, kernel, monkeypatch):
+    _use_v_up_kernel(monkeypatch, kernel)
     w = _weights(h, fp8)
     # the latent output as a strided view (rows of 640), values of attention-output size
     x = torch.randn(t, h, 640, device="cuda", dtype=torch.bfloat16)[..., :L]
     w_uv, scale = w.uv(fp8)
     out = mla_ext.v_up(x, w_uv, scale)
     assert out.shape == (t, h, V) and out.is_contiguous()
-    assert_close(out, reference.v_up(x.float(), w.w_uv), name=f"v_up T={t} H={h}", **TOL)
+    assert_close(out, reference.v_up(x.float(), w.w_uv), name=f"v_up T={t} H={h} {kernel}", **TOL)
     if fp8:
         assert_close(out, reference.v_up(x.float(), w_uv, scale), name=f"v_up T={t} H={h} vs fp32 weights", **FP32_W_TOL)
+
+
+@pytest.mark.parametrize("kernel", ("ksplit", "wgmma", "tiles"))
+def test_v_up_sanitizer_small(kernel, monkeypatch):
+    """Small cases of each v_up kernel for compute-sanitizer (-k sanitizer): partial tiles, a
+    head count that is no power of two, a padded out= buffer whose NaN must survive, and
+    run-to-run bitwise equality (the split-K reduction has a fixed order)."""
+    _use_v_up_kernel(monkeypatch, kernel)
+    # (ksplit picks BN = 16, 16, 16, 32, 64, 128 for these on 132 SMs)
+    for t, h, fp8 in ((1, 3, False), (33, 1, True), (130, 3, True), (20, 20, True), (100, 20, False), (200, 40, True)):
+        w = _weights(h, fp8)
+        x = torch.randn(t, h, 520, device="cuda", dtype=torch.bfloat16)[..., :L]
+        n = t * h * V
+        buf = torch.full((n + 128,), float("nan"), device="cuda", dtype=torch.bfloat16)
+        out = buf[64:64 + n].view(t, h, V)
+        mla_ext.v_up(x, *w.uv(fp8), out=out)
+        assert torch.isnan(buf[:64]).all() and torch.isnan(buf[64 + n:]).all(), f"{kernel}: wrote outside out"
+        assert_close(out, reference.v_up(x.float(), w.w_uv), name=f"v_up {kernel} T={t} H={h}", **TOL)
+        assert torch.equal(mla_ext.v_up(x, *w.uv(fp8)), out), f"{kernel}: results differ run to run"
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
@@ -160,3 +200,10 @@ def test_misaligned_contiguous_views(fp8):
     assert_close(o, ref, name="v_up odd out=", **TOL)
     with pytest.raises(RuntimeError, match="16-byte boundary"):
         torch.ops.mla_ext.v_up_out(x.clone(), *w.uv(fp8), o)
+
+
+def test_v_up_kernel_override_is_checked(monkeypatch):
+    monkeypatch.setenv("MLA_EXT_VUP_KERNEL", "fastest")
+    w = _weights(4, False)
+    with pytest.raises(RuntimeError, match="MLA_EXT_VUP_KERNEL must be ksplit, wgmma or tiles"):
+        mla_ext.v_up(torch.randn(3, 4, L, device="cuda", dtype=torch.bfloat16), *w.uv())

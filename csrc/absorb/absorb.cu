@@ -1,7 +1,12 @@
-// Host dispatch of the absorbed projections: pick the tile tier by T and the weight dtype.
+// Host dispatch of the absorbed projections: pick the kernel and tile tier by T, H, the GPU and
+// the weight dtype.
 #include "absorb/absorb.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "absorb/absorb_gemm.h"
+#include "common/arch.h"
 #include "common/cuda_check.h"
 #include "common/dispatch.h"
 
@@ -17,27 +22,67 @@ int tier_for(int64_t num_tokens) {
   return 3;
 }
 
-// Narrow tiers exist for v_up only.
-template <AbsorbOp kOp, bool kFp8, int kTier>
-void launch_narrow(const AbsorbParams& p) {
-  if constexpr (kOp == AbsorbOp::kVUp) {
-    absorb::launch_absorb_gemm<absorb::TierConfig<kOp, kFp8, kTier>>(p);
-  } else {
-    MLA_HOST_CHECK(false, "narrow tiles are for v_up only");
-  }
-}
-
 template <AbsorbOp kOp, bool kFp8>
 void run_tiers(const AbsorbParams& p) {
   using namespace absorb;
-  // v_up has N = 128 only: below ~one head per SM, narrow tiles (BN = 16) spread each head's
-  // weights over 8 CTAs instead of one.
-  const bool narrow = kOp == AbsorbOp::kVUp && p.num_heads < 96;
   switch (tier_for(p.num_tokens)) {
-    case 0: return narrow ? launch_narrow<kOp, kFp8, 4>(p) : launch_absorb_gemm<TierConfig<kOp, kFp8, 0>>(p);
-    case 1: return narrow ? launch_narrow<kOp, kFp8, 5>(p) : launch_absorb_gemm<TierConfig<kOp, kFp8, 1>>(p);
-    case 2: return narrow ? launch_narrow<kOp, kFp8, 6>(p) : launch_absorb_gemm<TierConfig<kOp, kFp8, 2>>(p);
+    case 0: return launch_absorb_gemm<TierConfig<kOp, kFp8, 0>>(p);
+    case 1: return launch_absorb_gemm<TierConfig<kOp, kFp8, 1>>(p);
+    case 2: return launch_absorb_gemm<TierConfig<kOp, kFp8, 2>>(p);
     default: return launch_absorb_gemm<TierConfig<kOp, kFp8, 3>>(p);
+  }
+}
+
+// v_up's kernels. MLA_EXT_VUP_KERNEL=ksplit|wgmma|tiles forces one (tests run every
+// kernel at every size with it; the benchmark's --sweep-v-up measures each at every size),
+// otherwise, measured on the H200 (README.md):
+//   - few heads (H < 96) up to T = 512: K split over a CTA's warps, BN chosen for ~one CTA per SM;
+//   - H >= 96 at T <= 32: the tiles (one CTA per head with all of K in flight);
+//   - beyond: the wgmma kernel on sm90 (unless MLA_EXT_FORCE_PORTABLE is set), else the tiles.
+enum class VUpKernel { kKSplit, kWgmma, kTiles };
+
+VUpKernel pick_v_up_kernel(const AbsorbParams& p) {
+  const DeviceInfo& info = device_info(p.device);
+  const bool wgmma = info.sm_version == 90 && !force_portable_from_env();
+  const char* forced = std::getenv("MLA_EXT_VUP_KERNEL");
+  if (forced != nullptr && forced[0] != '\0') {
+    const std::string name(forced);
+    if (name == "ksplit") return VUpKernel::kKSplit;
+    if (name == "wgmma") {
+      MLA_HOST_CHECK(info.sm_version == 90, "MLA_EXT_VUP_KERNEL=wgmma needs sm90");
+      return VUpKernel::kWgmma;
+    }
+    MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, wgmma or tiles, got " + name);
+    return VUpKernel::kTiles;
+  }
+  if (p.num_heads < 96 && p.num_tokens <= 512) return VUpKernel::kKSplit;
+  if (p.num_tokens <= 32) return VUpKernel::kTiles;
+  return wgmma ? VUpKernel::kWgmma : VUpKernel::kTiles;
+}
+
+// ksplit: BM = 16 up to 16 tokens, else 64; 128 / BN CTAs per (head, tile), the largest power of
+// two <= 8 that keeps the grid within one CTA per SM (more CTAs per head re-read x from L2).
+template <bool kFp8, int kBM>
+void run_v_up_ksplit_bm(const AbsorbParams& p) {
+  using absorb::run_v_up_ksplit;
+  const int64_t ctas = p.num_heads * ((p.num_tokens + kBM - 1) / kBM);
+  const int64_t room = device_info(p.device).num_sms / ctas;
+  if (room >= 8) return run_v_up_ksplit<kFp8, kBM, 16>(p);
+  if (room >= 4) return run_v_up_ksplit<kFp8, kBM, 32>(p);
+  if (room >= 2) return run_v_up_ksplit<kFp8, kBM, 64>(p);
+  return run_v_up_ksplit<kFp8, kBM, 128>(p);
+}
+
+template <bool kFp8>
+void run_v_up(const AbsorbParams& p) {
+  using namespace absorb;
+  switch (pick_v_up_kernel(p)) {
+    case VUpKernel::kKSplit:
+      return p.num_tokens <= 16 ? run_v_up_ksplit_bm<kFp8, 16>(p) : run_v_up_ksplit_bm<kFp8, 64>(p);
+    case VUpKernel::kWgmma:
+      return run_v_up_wgmma<kFp8>(p);
+    case VUpKernel::kTiles:
+      return run_tiers<AbsorbOp::kVUp, kFp8>(p);
   }
 }
 
@@ -53,7 +98,7 @@ void run_absorb(const AbsorbParams& p) {
     if (p.op == AbsorbOp::kQAbsorb) {
       run_tiers<AbsorbOp::kQAbsorb, kFp8>(p);
     } else {
-      run_tiers<AbsorbOp::kVUp, kFp8>(p);
+      run_v_up<kFp8>(p);
     }
   });
 }

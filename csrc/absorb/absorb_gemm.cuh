@@ -17,11 +17,10 @@
 #pragma once
 
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
 #include <cstdint>
 
+#include "absorb/absorb_common.cuh"
 #include "absorb/absorb_gemm.h"
 #include "common/arch.h"
 #include "common/cuda_check.h"
@@ -36,23 +35,6 @@ using sm80::ldmatrix_x4;
 using sm80::ldmatrix_x4_trans;
 using sm80::smem_addr;
 using sm80::mma_16816;
-
-// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][row_chunks] array.
-__device__ __forceinline__ uint32_t swizzle(int row, int chunk, int row_chunks) {
-  return static_cast<uint32_t>(row * row_chunks + (chunk ^ (row & 7))) * 16u;
-}
-
-// 16 e4m3 -> 16 bf16 of (w * scale), as two 16-byte chunks.
-__device__ __forceinline__ void dequant16_e4m3(const uint4& raw, float scale, uint4 (&out)[2]) {
-  const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
-  auto* dst = reinterpret_cast<__nv_bfloat162*>(out);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3);
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
-    dst[i] = __floats2bfloat162_rn(f.x * scale, f.y * scale);
-  }
-}
 
 // ---- The kernel -----------------------------------------------------------------------------
 

@@ -47,36 +47,33 @@ struct Config {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of sm90/sm100");
 };
 
-// Tiers (absorb.cu picks one by T, and for v_up by H): BM = 16, 32, 64 at small T, where reading
-// the weights (or the small output) dominates, and a 128-row GEMM tile at large T.
+// Tiers (absorb.cu picks one by T): BM = 16, 32, 64 at small T, where reading the weights (or
+// the small output) dominates, and a 128-row GEMM tile at large T.
 //   q_absorb (K = 128): tiers 0-2: BN = 64, 4 warps side by side on N (8 CTAs per head stream
 //                       the weights); tier 3: 128 x 128, 2 x 4 warps. 3 stages cover a tile.
-//   v_up (K = 512):     tiers 0-2 (H >= 96): BN = 128 (all of N, so x is read once), 8 or 16
-//                       warps; tiers 4-6 (fewer heads): BN = 16, one warp, so that 8 CTAs per
-//                       head spread the weights over the GPU. kChunksPerTile + 1 stages at
-//                       BM <= 32 keep all of the first tile's K in flight. Tier 3: 128 x 128,
-//                       4 x 4 warps, 4 stages, one CTA per SM (the slice is 128 KiB).
+//   v_up (K = 512):     BN = 128 (all of N, so x is read once). Tiers 0-1: 8 warps on N, 9
+//                       stages (all of K in flight); tier 2: 2 x 8 warps, 5 stages; tier 3:
+//                       128 x 128, 4 x 4 warps, 4 stages, one CTA per SM (the slice is 128 KiB).
+//                       absorb.cu uses them for H >= 96 at T <= 32, and on the portable path
+//                       (sm100) at T > 32; the other cases take v_up_ksplit.cuh (few heads) or
+//                       sm90/v_up_wgmma.cuh.
 // Measured on the H200 (csrc/absorb/README.md has the numbers): large v_up as 128 x 64 tiles with
-// two CTAs per SM was 20-25% slower than tier 3; these 16-warp v_up tiles were 5-7% slower than
-// the 8-warp ones they replaced, and the narrow tiles slower at H = 16 than 64-wide, 4-warp ones.
-inline constexpr int kNumTiers = 7;
-inline constexpr int kTierBM[kNumTiers] = {16, 32, 64, 128, 16, 32, 64};
+// two CTAs per SM was 20-25% slower than tier 3, and the 16-warp tier-2 tiles 5-7% slower than the
+// 8-warp ones they replaced.
+inline constexpr int kNumTiers = 4;
+inline constexpr int kTierBM[kNumTiers] = {16, 32, 64, 128};
 
 template <AbsorbOp kOp, bool kFp8, int kTier>
 struct TierConfigOf;
 template <bool kFp8, int kTier>
 struct TierConfigOf<AbsorbOp::kQAbsorb, kFp8, kTier> {
-  static_assert(kTier <= 3);
   using type = Config<AbsorbOp::kQAbsorb, kFp8, kTierBM[kTier], kTier == 3 ? 128 : 64, kTier == 3 ? 2 : 1, 4, 3>;
 };
 template <bool kFp8, int kTier>
 struct TierConfigOf<AbsorbOp::kVUp, kFp8, kTier> {
-  static constexpr bool kNarrow = kTier >= 4;
   static constexpr int kBM = kTierBM[kTier];
-  using type = Config<AbsorbOp::kVUp, kFp8, kBM, kNarrow ? 16 : 128,
-                      kNarrow ? 1 : (kTier == 3 ? 4 : (kBM == 64 ? 2 : 1)),  // warps on M
-                      kNarrow ? 1 : (kTier == 3 ? 4 : 8),                    // warps on N
-                      kBM <= 32 ? 9 : (kTier == 3 ? 4 : 5)>;                 // stages
+  using type = Config<AbsorbOp::kVUp, kFp8, kBM, 128, kTier == 3 ? 4 : (kBM == 64 ? 2 : 1), kTier == 3 ? 4 : 8,
+                      kBM <= 32 ? 9 : (kTier == 3 ? 4 : 5)>;
 };
 template <AbsorbOp kOp, bool kFp8, int kTier>
 using TierConfig = typename TierConfigOf<kOp, kFp8, kTier>::type;
@@ -84,5 +81,13 @@ using TierConfig = typename TierConfigOf<kOp, kFp8, kTier>::type;
 // Defined in absorb_gemm.cuh, instantiated in instantiations/*.cu.
 template <class Cfg>
 void launch_absorb_gemm(const AbsorbParams& params);
+
+// v_up's other kernels, instantiated in instantiations/v_up_{ksplit,wgmma}_*.cu: K split over a
+// CTA's warps (v_up_ksplit.cuh; BM = 16 or 64, BN = 16, 32, 64, 128); wgmma for large T on sm90a
+// (sm90/v_up_wgmma.cuh).
+template <bool kFp8, int kBM, int kBN>
+void run_v_up_ksplit(const AbsorbParams& params);
+template <bool kFp8>
+void run_v_up_wgmma(const AbsorbParams& params);
 
 }  // namespace mla::absorb

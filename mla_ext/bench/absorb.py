@@ -5,6 +5,7 @@ checkpoints dequantise-then-bmm."""
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -106,6 +107,40 @@ def bench(timer: Timer, roofline: Roofline, quick: bool = False) -> list[Row]:
                 row.extra["baseline_us"] = round(timed[base], 3)
                 row.extra["speedup"] = round(timed[base] / timed[ours], 3) if timed[ours] > 0 else math.nan
             del q, x
+    return rows
+
+
+SWEEP_TOKENS = (1, 16, 32, 64, 128, 256, 512, 1024, 8192)
+V_UP_KERNELS = ("ksplit", "wgmma", "tiles")
+
+
+def sweep_v_up(timer: Timer, roofline: Roofline) -> list[Row]:
+    """v_up with each kernel forced (MLA_EXT_VUP_KERNEL), bf16 and fp8 weights, next to torch bmm:
+    the measurements behind the automatic choice in csrc/absorb/absorb.cu."""
+    rows: list[Row] = []
+    for h in HEADS:
+        w = _weights(h, "cuda")
+        for t in SWEEP_TOKENS:
+            x = torch.randn(t, h, L, device="cuda", dtype=torch.bfloat16)
+            flops = 2.0 * t * h * P * L
+            v_act = t * h * (L + V) * 2
+            base = timer.time_us(lambda: torch.bmm(x.transpose(0, 1), w.w_uv), f"{NAME}.sweep.bmm.H{h}.T{t}")
+            rows.append(Row(f"torch bmm bf16 H={h} T={t}", base, bytes=v_act + h * P * L * 2, flops=flops, roofline=roofline))
+            for kernel in V_UP_KERNELS:
+                os.environ["MLA_EXT_VUP_KERNEL"] = kernel
+                try:
+                    for fp8 in (False, True):
+                        nbytes = v_act + (h * P * L + h * 16 if fp8 else h * P * L * 2)
+                        # torch.ops directly: the Python wrapper's checks would outlast the timer's
+                        # spin and count host time at small T
+                        us = timer.time_us(lambda: torch.ops.mla_ext.v_up(x, *w.uv(fp8)), f"{NAME}.sweep.{kernel}.H{h}.T{t}")
+                        row = Row(f"v_up {kernel} {'fp8' if fp8 else 'bf16'} H={h} T={t}", us, bytes=nbytes,
+                                  flops=flops, roofline=roofline)
+                        row.extra["vs_bmm"] = round(base / us, 3)
+                        rows.append(row)
+                finally:
+                    del os.environ["MLA_EXT_VUP_KERNEL"]
+            del x
     return rows
 
 

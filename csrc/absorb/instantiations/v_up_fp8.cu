@@ -1,5 +1,5 @@
-// v_up with fp8 weights, all seven tiers (one file per op and dtype
-// so that the build parallelises).
+// v_up with e4m3 weights, the portable tiles, all four tiers (one file per op and dtype so that
+// the build parallelises).
 #include "absorb/absorb_gemm.cuh"
 
 namespace mla::absorb {
@@ -7,7 +7,4 @@ template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, true, 0>>(const Abso
 template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, true, 1>>(const AbsorbParams&);
 template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, true, 2>>(const AbsorbParams&);
 template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, true, 3>>(const AbsorbParams&);
-template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, true, 4>>(const AbsorbParams&);
-template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, true, 5>>(const AbsorbParams&);
-template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, true, 6>>(const AbsorbParams&);
 }  // namespace mla::absorb

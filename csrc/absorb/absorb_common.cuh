@@ -1,0 +1,50 @@
+// Helpers shared by the absorbed-projection kernels: shared-memory swizzle, e4m3 weight
+// dequantisation, the dynamic shared memory opt-in.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "common/cuda_check.h"
+
+namespace mla::absorb {
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][row_chunks] array.
+// For rows of 8 chunks (128 bytes) on a 1024-byte aligned base this is exactly the 128-byte
+// swizzle (Swizzle<3,4,3>) that wgmma descriptors with layout type 1 expect.
+__device__ __forceinline__ uint32_t swizzle(int row, int chunk, int row_chunks) {
+  return static_cast<uint32_t>(row * row_chunks + (chunk ^ (row & 7))) * 16u;
+}
+
+// 16 e4m3 -> 16 bf16 of (w * scale), as two 16-byte chunks: the rounding of the bf16 weights
+// prepare_absorb_weights makes, so bf16 and fp8 weights give the same kernel results.
+__device__ __forceinline__ void dequant16_e4m3(const uint4& raw, float scale, uint4 (&out)[2]) {
+  const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
+  auto* dst = reinterpret_cast<__nv_bfloat162*>(out);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+    dst[i] = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+  }
+}
+
+// Opts `kernel` (whose launch configuration is Cfg) in to Cfg::kSmemBytes of dynamic shared
+// memory, once per device: the attribute is per device, and setting it costs a driver call.
+template <class Cfg>
+void opt_in_smem_once(const void* kernel, int device) {
+  constexpr int kMaxDevices = 64;
+  static bool configured[kMaxDevices] = {};
+  MLA_HOST_CHECK(device >= 0 && device < kMaxDevices, "device index out of range");
+  if (!configured[device]) {
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+    configured[device] = true;
+  }
+}
+
+}  // namespace mla::absorb

@@ -1,0 +1,7 @@
+// v_up with bf16 weights, the sm90a wgmma kernel (sm90/v_up_wgmma.cuh; other targets compile
+// it to a trap and never launch it).
+#include "absorb/sm90/v_up_wgmma.cuh"
+
+namespace mla::absorb {
+template void run_v_up_wgmma<false>(const AbsorbParams&);
+}  // namespace mla::absorb

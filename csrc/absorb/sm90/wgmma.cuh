@@ -1,0 +1,62 @@
+// sm90a building blocks for wgmma with both operands in shared memory: descriptors of
+// K-major tiles in the 128-byte swizzle, the m64n128k16 bf16 instruction, fences. Compiled only
+// into sm_90a code (callers guard with MLA_SM90A below); other targets never call them.
+#pragma once
+
+#include <cstdint>
+
+// True in the device pass for sm_90a, where wgmma exists.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MLA_SM90A 1
+#else
+#define MLA_SM90A 0
+#endif
+
+namespace mla::sm90 {
+
+// Descriptor of a K-major bf16 tile stored as rows of 64 elements (128 bytes), 8-row groups of
+// 1024 bytes, 16-byte chunks XOR-swizzled by (row % 8) on a 1024-byte aligned base (the layout
+// absorb::swizzle(row, chunk, 8) writes). Stepping k by 16 inside the 64-wide row = adding 32
+// bytes to the start address; the hardware applies the swizzle to the final address.
+//   bits 0-13: start address >> 4; 16-29: leading byte offset >> 4 (unused for swizzled K-major,
+//   1 by convention); 32-45: stride byte offset >> 4 (1024 bytes between 8-row groups);
+//   62-63: layout type 1 = 128-byte swizzle.
+__device__ __forceinline__ uint64_t kmajor_sw128_desc(uint32_t smem_byte_addr) {
+  return static_cast<uint64_t>((smem_byte_addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Generic-proxy writes to shared memory (st.shared, cp.async) become visible to wgmma's async
+// proxy only after this fence (then a barrier orders them across threads).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from moving accumulator reads/writes across wgmma issue and wait.
+__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// d[64 x 128] (+)= a[64 x 16] * b[16 x 128], both K-major in shared memory, fp32 accumulators in
+// the m64nNk16 fragment layout: d[4 i + e] is row 16 (warp % 4) + lane / 4 + 8 (e / 2), column
+// 8 i + 2 (lane % 4) + e % 2. accumulate = false overwrites d.
+__device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+}  // namespace mla::sm90
