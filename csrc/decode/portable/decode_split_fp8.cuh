@@ -11,8 +11,9 @@
 //           t = its four 128-wide tiles, k_pe is bf16 (bf16 MMA with q'_pe). fp8: one tensor
 //           scale, folded into the softmax scale, and k_pe is e4m3 like the rest.
 //   values  O[r, tile t] = R_t * sum_k (P[r, k] * scale[k, t] / R_t) * v8[k] with P' = P
-//           scale / R_t in fp16 (|P'| <= 1) and R_t the running max |scale| of tile t seen so far;
-//           O is rescaled when R_t grows, like the online softmax does when the max grows.
+//           scale / R_t in fp16 (|P'| <= 2^14): R_t is raised to the max |scale| of tile t seen
+//           so far whenever a key exceeds R_t 2^14; O is rescaled then, as the online softmax
+//           does when the max grows.
 // Two teams of 8 warps take alternate 64-key tiles of each piece and merge at its end: 16 warps
 // per SM hide each other's barriers and MMA latencies the way two CTAs per SM would, without a
 // second CTA's copy of the schedule.
@@ -84,7 +85,7 @@ struct Fp8SplitConfig {
   static constexpr int kOffRedS1 = kQRedBytes;               // team 1's red_s
   static constexpr int kOffTeam = kOffRedS1 + kRedSBytes;    // team t at kOffTeam + t * kTeamBytes
   static constexpr int kOffRowExp = kOffTeam + kTeams * kTeamBytes;
-  static constexpr int kSmemBytes = kOffRowExp + kRows * 4;
+  static constexpr int kSmemBytes = kOffRowExp + 3 * kRows * 4;  // row exponent, score scale, limit
   // Team-relative offsets.
   static constexpr int kOffStages = 0;
   static constexpr int kOffP = kStages * kStageBytes;
@@ -150,6 +151,8 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
   __half* const p_tile = reinterpret_cast<__half*>(team_smem + C::kOffP);
   float* const xchg = reinterpret_cast<float*>(smem + C::kOffTeam + C::kTeamBytes);  // team 1's stages
   int* const row_exp = reinterpret_cast<int*>(smem + C::kOffRowExp);
+  float* const row_scale_s = reinterpret_cast<float*>(row_exp + C::kRows);
+  int* const row_lim_s = row_exp + 2 * C::kRows;
   const uint32_t stage_base = smem_addr(team_smem + C::kOffStages);
   const auto team_sync = [&] { named_barrier(1 + team, C::kTeamThreads); };
 
@@ -170,19 +173,16 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     const int num_tiles = max(tile_end - tile_begin, 0);
     const int32_t* bt = p.block_table + req * p.stride_block_table_b;
 
-    int lim[2];  // keys visible to this thread's rows grp, grp + 8 (0 for padding rows)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = grp + 8 * h;
-      const int s = (row0 + r) / p.h_q;
-      lim[h] = r >= rows_here ? 0 : p.causal ? min(max(seq_len - p.s_q + 1 + s, 0), seq_len) : seq_len;
-    }
 
-    // cp.async of the team's tile t (relative to the request) into stage `stage`.
-    auto load_tile = [&](int t, int stage) {
-      const int r = ttid / C::kLoadThreadsPerRow, sub = ttid % C::kLoadThreadsPerRow;
+    // This thread's cache row of tile t is row r; its page id is read a tile ahead (page_of)
+    // so that issuing the copies never waits for the block table.
+    const int load_row = ttid / C::kLoadThreadsPerRow, sub = ttid % C::kLoadThreadsPerRow;
+    auto page_of = [&](int t) { return t < tile_end ? cache_page(p, bt, t * kBlockN + load_row, kv_len) : -1; };
+    // cp.async of the team's tile t (relative to the request), page `page`, into stage `stage`.
+    auto load_tile = [&](int t, int stage, int page) {
+      const int r = load_row;
       const int key = t * kBlockN + r;
-      const uint8_t* row = cache_row(p, bt, key, kv_len);
+      const uint8_t* row = cache_row_on(p, page, key);
       const bool ok = row != nullptr;
       const uint8_t* src = ok ? row : static_cast<const uint8_t*>(p.kv_cache);  // any valid address
       uint8_t* st = team_smem + C::kOffStages + stage * C::kStageBytes;
@@ -207,8 +207,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
 
     float o[2][4][4];  // [set S][n-tile j][C fragment]: dims 64 warp + 32 S + 8 qd + {j, 4 + j}
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    float v_ref = 0.f;  // R_vt (fp8_ds_mla); fp8 uses 1
-    float row_scale[2];
+    float v_ref = 0.f, v_inv = 0.f;  // R of tile vt and 1 / R (fp8_ds_mla); fp8 uses 1
     uint32_t qf[C::kQSteps][4];
 #pragma unroll
     for (int S = 0; S < 2; ++S)
@@ -229,7 +228,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         cp_async16(smem_addr(smem + C::kOffQ + r * C::kQStride + 16 * ch), src, ok);
       }
       sm80::cp_async_commit();
-      if (team < num_tiles) load_tile(tile_begin + team, 0);
+      if (team < num_tiles) load_tile(tile_begin + team, 0, page_of(tile_begin + team));
       sm80::cp_async_commit();
       sm80::cp_async_wait<1>();
       __syncthreads();
@@ -247,14 +246,18 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
           frexpf(mx, &e);
           e = max(e - 15, -120);  // mx * 2^-e in [2^14, 2^15)
         }
-        if (lane == 0) row_exp[r] = e;
+        if (lane == 0) {
+          // Per row, kept in shared memory (registers are at the 128 cap): exponent, the row's
+          // exp2-domain score scale, and how many leading keys it sees (0 for padding rows).
+          row_exp[r] = e;
+          row_scale_s[r] = ldexpf(p.softmax_scale_log2 * tensor_scale, e);
+          const int s = (row0 + r) / p.h_q;
+          row_lim_s[r] = r >= rows_here ? 0 : p.causal ? min(max(seq_len - p.s_q + 1 + s, 0), seq_len) : seq_len;
+        }
       }
       __syncthreads();
       // The A fragments of this warp's dim group, built once per piece.
       const int e0 = row_exp[grp], e1 = row_exp[grp + 8];
-      const float score_scale = p.softmax_scale_log2 * tensor_scale;
-      row_scale[0] = ldexpf(score_scale, e0);
-      row_scale[1] = ldexpf(score_scale, e1);
       {
         const uint8_t* q0 = smem + C::kOffQ + grp * C::kQStride;
         const uint8_t* q1 = q0 + 8 * C::kQStride;
@@ -279,27 +282,37 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     }
 
     // ---- the team's tiles: i = team, team + 2, ...; local index li = i / 2, stage li % 2.
+    int next_page = page_of(tile_begin + team + C::kTeams);
     for (int i = team; i < num_tiles; i += C::kTeams) {
       const int li = i / C::kTeams, stage = li % C::kStages;
       sm80::cp_async_wait<0>();
       team_sync();  // tile i landed for the team; the team is done with its previous tile
-      if (i + C::kTeams < num_tiles) load_tile(tile_begin + i + C::kTeams, (li + 1) % C::kStages);
+      if (i + C::kTeams < num_tiles) {
+        load_tile(tile_begin + i + C::kTeams, (li + 1) % C::kStages, next_page);
+        next_page = page_of(tile_begin + i + 2 * C::kTeams);
+      }
       sm80::cp_async_commit();
       const uint32_t kbase = stage_base + stage * C::kStageBytes;
       const uint8_t* st = team_smem + C::kOffStages + stage * C::kStageBytes;
       const float* scales = reinterpret_cast<const float*>(st + C::kStageKeyBytes);
       const uint8_t* flags = st + C::kStageKeyBytes + C::kStageScaleBytes;
 
-      // V reference of this warp's tile: R = max(R, max_k |scale[k, vt]|).
-      float v_rescale = 1.f, v_inv = 1.f;
+      // V reference R of this warp's tile: P' = P scale / R must stay in fp16 (|P'| <= 2^14). R
+      // grows (to the max |scale| so far; o rescaled) only when a key exceeds R 2^14: one vote per
+      // tile, the max reduction only then (the first tile, or a jump in the scales).
+      float v_rescale = 1.f;
       if constexpr (C::kDsMla) {
-        float tmax = fmaxf(fabsf(scales[4 * lane + vt]), fabsf(scales[4 * (lane + 32) + vt]));
+        const float s0 = fabsf(scales[4 * lane + vt]), s1 = fabsf(scales[4 * (lane + 32) + vt]);
+        const float limit = v_ref * 16384.f;
+        if (!__all_sync(0xffffffffu, s0 <= limit && s1 <= limit)) {
+          float tmax = fmaxf(s0, s1);
 #pragma unroll
-        for (int d = 16; d >= 1; d /= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, d));
-        const float r_new = fmaxf(v_ref, tmax);
-        v_rescale = v_ref > 0.f ? v_ref / r_new : 1.f;
-        v_inv = r_new > 0.f ? 1.f / r_new : 0.f;
-        v_ref = r_new;
+          for (int d = 16; d >= 1; d /= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, d));
+          const float r_new = fmaxf(v_ref, tmax);
+          v_rescale = v_ref > 0.f ? v_ref / r_new : 1.f;
+          v_inv = r_new > 0.f ? 1.f / r_new : 0.f;
+          v_ref = r_new;
+        }
       }
 
       // ---- S partial = q'_g . k_g for keys 32 kh .. + 31 (four n-tiles).
@@ -360,8 +373,10 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
           acc.x += v.x;
           acc.y += v.y;
         }
-        sc[2 * h] = (ok0 && key0 < lim[h]) ? acc.x * row_scale[h] : -INFINITY;
-        sc[2 * h + 1] = (ok1 && key0 + 1 < lim[h]) ? acc.y * row_scale[h] : -INFINITY;
+        const int lim = row_lim_s[grp + 8 * h];
+        const float rs = row_scale_s[grp + 8 * h];
+        sc[2 * h] = (ok0 && key0 < lim) ? acc.x * rs : -INFINITY;
+        sc[2 * h + 1] = (ok1 && key0 + 1 < lim) ? acc.y * rs : -INFINITY;
         float mx = fmaxf(sc[2 * h], sc[2 * h + 1]);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));

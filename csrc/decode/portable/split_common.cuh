@@ -9,14 +9,20 @@
 
 namespace mla::decode::portable {
 
-// Cache row of position `key` of a request whose block-table row is `bt`, or nullptr when the key
-// is at or past kv_len or its page id is out of range (such rows are zero-filled, never read).
-__device__ __forceinline__ const uint8_t* cache_row(const DecodeParams& p, const int32_t* bt, int key, int kv_len) {
-  if (key >= kv_len) return nullptr;
-  const int page = bt[key / p.block_size];
+// Page id of position `key` of a request whose block-table row is `bt`, or -1 at or past kv_len.
+// (Split from the address so that a kernel can read the block table a tile ahead.)
+__device__ __forceinline__ int cache_page(const DecodeParams& p, const int32_t* bt, int key, int kv_len) {
+  return key < kv_len ? bt[key / p.block_size] : -1;
+}
+// Cache row of position `key` on page `page`, or nullptr when the page id is out of range
+// (negative: past the sequence). Such rows are zero-filled, never read.
+__device__ __forceinline__ const uint8_t* cache_row_on(const DecodeParams& p, int page, int key) {
   if (page < 0 || page >= p.num_blocks) return nullptr;
   return static_cast<const uint8_t*>(p.kv_cache) + page * p.stride_cache_block_bytes +
          (key % p.block_size) * p.stride_cache_token_bytes;
+}
+__device__ __forceinline__ const uint8_t* cache_row(const DecodeParams& p, const int32_t* bt, int key, int kv_len) {
+  return cache_row_on(p, cache_page(p, bt, key, kv_len), key);
 }
 
 // Tiles are sized for the 227 KB of sm90/sm100; sm80/sm86 would need smaller configurations.
