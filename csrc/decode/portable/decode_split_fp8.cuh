@@ -55,8 +55,6 @@ struct Fp8SplitConfig {
   static constexpr int kTeamThreads = 32 * kTeamWarps;
   static constexpr int kThreads = kTeams * kTeamThreads;
   static constexpr int kStages = 2;                          // per team: one computing, one loading
-  static constexpr int kRawRowBytes = kDsMla ? kDsMlaRowBytes : kLatentDim;
-  static constexpr int kRawChunks = kRawRowBytes / 16;       // 41 or 36
   static constexpr int kKeyChunks = 40;                      // per key in shared memory
   static constexpr int kKeyBytes = 16 * kKeyChunks;          // 640: a multiple of 128 B
   // QK^T: warp (g = w % 4, kh = w / 4) takes k-steps of dim group g for keys 32 kh .. 32 kh + 31.
