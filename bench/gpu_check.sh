@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: every GPU test, compute-sanitizer memcheck on the small cases of
-# every op, one Nsight Compute run of the cache write, and every benchmark (JSON + markdown).
+# every op, Nsight Compute runs of the cache write and the decode split kernels, and every
+# benchmark (JSON + markdown).
 # Usage (from the repository root, with the built library in mla_ext/):
 #   bash bench/gpu_check.sh [OUT_DIR]        # OUT_DIR defaults to $OUT or bench/results/latest
 # Set MLA_EXT_COMMIT to the commit being measured (the GPU machine's copy has no .git).
@@ -40,6 +41,14 @@ timeout 120 ncu --clock-control none --nvtx --nvtx-include "mla_ext.profile/" -k
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
   $py bench/bench_cache_write.py --profile > "$out/ncu_cache_write.txt" 2>&1
 grep -E "Duration|DRAM Throughput|Achieved Occupancy|Registers Per Thread" "$out/ncu_cache_write.txt" | head -6
+
+echo "== Nsight Compute: decode split kernels, memory-bound b128 x 4096, h_q 16 (bf16 and fp8_ds_mla caches)"
+for fmt in auto fp8_ds_mla; do
+  timeout 120 ncu --nvtx --nvtx-include "mla_ext.decode_mla.$fmt.b128.s1.h16.bs64/" -k regex:decode_split -c 1 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+    $py bench/bench_decode.py --only "$fmt memory-bound b=128" --iters 2 > "$out/ncu_decode_$fmt.txt" 2>&1
+  grep -E "Duration|DRAM Throughput|Achieved Occupancy|Registers Per Thread|Local Memory Spilling Requests  |Warp Cycles Per Issued" "$out/ncu_decode_$fmt.txt" | head -6
+done
 
 echo "== benchmarks"
 for bench in bench/bench_*.py; do
