@@ -30,21 +30,25 @@ struct PortableConfig {
   static constexpr int kWarps = 8;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kN = 64;                      // keys (gathered rows) per tile
-  // Warp (row_group, col_group): rows [16 row_group, +16) of the head tile. QK^T splits the tile's
-  // keys over the column groups; PV splits the 512 output columns over them, so O stays at
-  // 16 x 512/col_groups fp32 per warp (128 registers for kM = 64) and no MMA is done twice.
+  // QK^T: warp (row_group, col_group) computes rows [16 row_group, +16) of the head tile for the
+  // col_group-th slice of the tile's keys; the softmax keeps that layout (2 rows per thread).
   static constexpr int kRowGroups = kM / 16;
   static constexpr int kColGroups = kWarps / kRowGroups;  // 8, 4, 2
   static constexpr int kKeysPerWarp = kN / kColGroups;    // 8, 16, 32
   static constexpr int kSTiles = kKeysPerWarp / 8;        // n8 tiles of S per warp
-  static constexpr int kOutCols = kKvLoraRank / kColGroups;  // 64, 128, 256
-  static constexpr int kOTiles = kOutCols / 8;
-  // QK^T runs 4 / kSTiles independent accumulator chains (16-head tiles have one n8 tile per warp,
-  // and 36 MMAs in one dependent chain would leave the tensor cores waiting on their latency).
+  // QK^T runs 4 / kSTiles independent accumulator chains, so that a warp's MMAs do not wait on
+  // each other's latency.
   static constexpr int kChains = 4 / kSTiles;
-  // fp8_ds_mla: the 128-wide scale tiles this warp's output columns span (2 for 64-head tiles).
-  static constexpr int kVTiles = kDsMla && kOutCols >= 128 ? kOutCols / 128 : 1;
-  static constexpr int kOTilesPerV = kOTiles / kVTiles;
+  // 16-head tiles split QK^T over the dims instead (like the dense fp8 decode): warp (g, kh) =
+  // (w % 4, w / 4) takes dim group g (fp8_ds_mla: scale tile g + 16 k_pe dims; bf16: 144 dims)
+  // for keys 32 kh .. + 31, with its 9 Q fragments held in registers for the whole CTA; the
+  // four partial sums meet in shared memory. Each K fragment is read once instead of 8 times
+  // per key with one n8 tile per warp.
+  static constexpr bool kSplitDimsQK = kM == 16;
+  // PV: every warp takes all kM rows and 64 output columns (warp w: 64 w .. + 63), so each V
+  // fragment is read once per CTA and reused for the kM / 16 m-tiles (O: 2 kM fp32 per thread).
+  static constexpr int kPvMTiles = kM / 16;
+  static constexpr int kOTiles = 8;                       // n8 tiles of the 64 columns
   // 16-bit type of the MMA operands: bf16 rows, or fp16 for fp8_ds_mla (e4m3 is exact in fp16 and
   // the tile scales stay out of the operands; k_pe is bf16 in both formats).
   using KvT = std::conditional_t<kDsMla, __half, __nv_bfloat16>;
@@ -74,6 +78,9 @@ struct PortableConfig {
   static constexpr int kValidBytes = kValidSlots * kN * 4;           // per-key validity
   static constexpr int kKScaleBytes = kDsMla ? kN * 16 : 0;          // fp8_ds_mla: the K tile's 4 fp32 scales per key
   static constexpr int kRowExpBytes = kDsMla ? kM * 4 : 0;           // fp8_ds_mla: q row exponents (int)
+  static constexpr int kRowStateBytes = 2 * kM * 4;                  // per row: O rescale factor, final max
+  static constexpr int kRedSStride = kN + 8;                         // floats: conflict-free float2 rows
+  static constexpr int kRedSBytes = kSplitDimsQK ? 4 * 16 * kRedSStride * 4 : 0;  // partial S per dim group
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + kQBytes;
   static constexpr int kOffRaw = kOffK + kKBuffers * kKTileBytes;
@@ -82,8 +89,10 @@ struct PortableConfig {
   static constexpr int kOffValid = kOffRed + kRedBytes;
   static constexpr int kOffKScale = kOffValid + kValidBytes;
   static constexpr int kOffRowExp = kOffKScale + kKScaleBytes;
-  static constexpr int kSmemBytes = kOffRowExp + kRowExpBytes;
-  static_assert(kOffRaw % 16 == 0 && kOffP % 16 == 0 && kOffRed % 16 == 0 && kOffKScale % 16 == 0);
+  static constexpr int kOffRowState = kOffRowExp + kRowExpBytes;
+  static constexpr int kOffRedS = kOffRowState + kRowStateBytes;
+  static constexpr int kSmemBytes = kOffRedS + kRedSBytes;
+  static_assert(kOffRaw % 16 == 0 && kOffP % 16 == 0 && kOffRed % 16 == 0 && kOffKScale % 16 == 0 && kOffRedS % 16 == 0);
 };
 
 // Byte offset of 16-byte chunk c of row r in a swizzled tile with kRowChunks chunks per row.
@@ -250,36 +259,58 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   };
 
-  // ---- per-warp state: 2 rows per thread (lane / 4 and lane / 4 + 8 of the warp's 16) -----
-  float o[Cfg::kOTiles][4];
-#pragma unroll
-  for (int n = 0; n < Cfg::kOTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  // ---- per-thread state --------------------------------------------------------------------
+  // Softmax (QK^T layout): rows r0 = 16 row_group + lane / 4 and r0 + 8.
   float m_run[2] = {-INFINITY, -INFINITY};  // running max, log2 domain (score * scale * log2 e)
   float l_run[2] = {0.f, 0.f};              // this thread's share of the row sum
-  // fp8_ds_mla: R_v = running max |scale| of the v-th 128-wide tile of this warp's output columns;
-  // O holds sum_k P[k] scale[k] / R_v * v8[k], rescaled when R_v grows (like the softmax max).
-  float v_ref[Cfg::kVTiles];
-#pragma unroll
-  for (int v = 0; v < Cfg::kVTiles; ++v) v_ref[v] = 0.f;
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   float row_scale[2] = {scale_log2, scale_log2};  // fp8_ds_mla: times 2^e of the row
-  const int a_row = row_group * 16 + (lane % 16);  // ldmatrix row of the A operand (Q or P)
-  const int a_chunk = lane / 16;
+  const int r0 = row_group * 16 + lane / 4;
   const int bar_id = 1 + row_group;                // warps sharing rows sync on their own barrier
   constexpr int kBarThreads = 32 * Cfg::kColGroups;
-  const int col0 = col_group * Cfg::kOutCols;      // this warp's first output column
-  const int vt0 = col0 / 128;                      // fp8_ds_mla: its first scale tile
+  float* s_corr = reinterpret_cast<float*>(smem + Cfg::kOffRowState);  // [kM] O rescale of this tile
+  float* s_mfin = s_corr + kM;                                         // [kM] final row max
+  // PV (all rows, 64 columns per warp): O[m-tile][n-tile] holds rows 16 mt + lane / 4 (+ 8),
+  // columns col0 + 8 n + 2 (lane % 4) (+ 1).
+  float o[Cfg::kPvMTiles][Cfg::kOTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kPvMTiles; ++mt)
+#pragma unroll
+    for (int n = 0; n < Cfg::kOTiles; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+  const int col0 = 64 * warp;
+  // fp8_ds_mla: R = running max |scale| of the 128-wide tile vt holding this warp's columns; O holds
+  // sum_k P[k] scale[k, vt] / R * v8[k], rescaled when R grows (like the softmax max).
+  const int vt = warp / 2;
+  float v_ref = 0.f;
+  // 16-head tiles: the warp's Q fragments (dim group g = warp % 4), loaded once Q is ready.
+  constexpr int kQf = Cfg::kSplitDimsQK ? 9 : 1;
+  uint32_t qf[kQf][4];
+  auto load_q_frags = [&]() {
+    if constexpr (Cfg::kSplitDimsQK) {
+      const int g = warp % 4;
+#pragma unroll
+      for (int st = 0; st < 9; ++st) {
+        const int kk = Cfg::kDsMla ? (st < 8 ? 8 * g + st : kKvLoraRank / 16 + g) : 9 * g + st;
+        sm80::ldmatrix_x4(qf[st], sm80::smem_addr(s_q) + swz<kChunks>(lane % 16, 2 * kk + lane / 16));
+      }
+    }
+  };
 
-  // One 64-key tile: S = Q K^T on this warp's keys, online softmax with the row max shared
-  // across the column groups, P to shared memory, O += P V on this warp's output columns.
+  // One 64-key tile: S = Q K^T, online softmax with the row max shared across the column groups,
+  // P to shared memory, O += P V on this warp's output columns.
   auto compute_tile = [&](const uint8_t* s_kt, int valid_slot) {
     const uint32_t q_base = sm80::smem_addr(s_q), k_base = sm80::smem_addr(s_kt), p_base = sm80::smem_addr(s_p);
     const int key0 = col_group * Cfg::kKeysPerWarp;
-    // One 16-dim k-step (chunks 2 kk, 2 kk + 1) of acc += Q K^T in operand type T.
+    // B fragments of two n8 tiles (keys key .. key + 15 as addressed by this lane), k-step kk.
+    auto ldmatrix_k16 = [&](uint32_t (&bk)[4], int key16, int kk) {
+      const int key = key16 + (lane / 16) * 8 + lane % 8;
+      sm80::ldmatrix_x4(bk, k_base + swz<kChunks>(key, 2 * kk + (lane / 8) % 2));
+    };
+    // One 16-dim k-step (chunks 2 kk, 2 kk + 1) of acc += Q K^T on the warp's keys, operand type T.
     auto qk_step = [&](auto type_tag, float (&acc)[Cfg::kSTiles][4], int kk) {
       using T = decltype(type_tag);
       uint32_t a[4];
-      sm80::ldmatrix_x4(a, q_base + swz<kChunks>(a_row, 2 * kk + a_chunk));
+      sm80::ldmatrix_x4(a, q_base + swz<kChunks>(row_group * 16 + lane % 16, 2 * kk + lane / 16));
       if constexpr (Cfg::kSTiles == 1) {
         uint32_t bk[2];
         sm80::ldmatrix_x2(bk, k_base + swz<kChunks>(key0 + lane % 8, 2 * kk + (lane / 8) % 2));
@@ -288,8 +319,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
         for (int n16 = 0; n16 < Cfg::kSTiles / 2; ++n16) {
           uint32_t bk[4];
-          const int key = key0 + 16 * n16 + (lane / 16) * 8 + lane % 8;
-          sm80::ldmatrix_x4(bk, k_base + swz<kChunks>(key, 2 * kk + (lane / 8) % 2));
+          ldmatrix_k16(bk, key0 + 16 * n16, kk);
           sm80::mma_16816<T>(acc[2 * n16], a, bk[0], bk[1]);
           sm80::mma_16816<T>(acc[2 * n16 + 1], a, bk[2], bk[3]);
         }
@@ -299,14 +329,69 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int j = 0; j < Cfg::kSTiles; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
     constexpr int kC = Cfg::kChains;
-    if constexpr (!Cfg::kDsMla) {
+    if constexpr (Cfg::kSplitDimsQK) {
+      // 16-head tile: partial S of dim group g for keys 32 kh .. + 31 (4 n8 tiles), then the sum
+      // over the four groups through shared memory.
+      const int g = warp % 4, kh = warp / 4;
+      float part[4][4];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) part[nt][0] = part[nt][1] = part[nt][2] = part[nt][3] = 0.f;
+      constexpr int kSteps = Cfg::kDsMla ? 8 : 9;  // fp8_ds_mla: + 1 bf16 k_pe step after the scale
+#pragma unroll
+      for (int st = 0; st < kSteps; ++st) {
+        const int kk = Cfg::kDsMla ? 8 * g + st : 9 * g + st;
+#pragma unroll
+        for (int n16 = 0; n16 < 2; ++n16) {
+          uint32_t bk[4];
+          ldmatrix_k16(bk, 32 * kh + 16 * n16, kk);
+          sm80::mma_16816<KvT>(part[2 * n16], qf[st], bk[0], bk[1]);
+          sm80::mma_16816<KvT>(part[2 * n16 + 1], qf[st], bk[2], bk[3]);
+        }
+      }
+      if constexpr (Cfg::kDsMla) {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int key = 32 * kh + 8 * nt + 2 * (lane % 4);
+          const float s0 = s_kscale[4 * key + g], s1 = s_kscale[4 * (key + 1) + g];
+          part[nt][0] *= s0, part[nt][1] *= s1, part[nt][2] *= s0, part[nt][3] *= s1;
+        }
+#pragma unroll
+        for (int n16 = 0; n16 < 2; ++n16) {
+          uint32_t bk[4];
+          ldmatrix_k16(bk, 32 * kh + 16 * n16, kKvLoraRank / 16 + g);
+          sm80::mma_16816<__nv_bfloat16>(part[2 * n16], qf[8], bk[0], bk[1]);
+          sm80::mma_16816<__nv_bfloat16>(part[2 * n16 + 1], qf[8], bk[2], bk[3]);
+        }
+      }
+      float* red_s = reinterpret_cast<float*>(smem + Cfg::kOffRedS);  // [4 groups][16 rows][kRedSStride]
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int key = 32 * kh + 8 * nt + 2 * (lane % 4);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          *reinterpret_cast<float2*>(red_s + (g * 16 + lane / 4 + 8 * h) * Cfg::kRedSStride + key) =
+              make_float2(part[nt][2 * h], part[nt][2 * h + 1]);
+        }
+      }
+      sm80::named_barrier(bar_id, kBarThreads);  // (all 8 warps)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int gg = 0; gg < 4; ++gg) {
+          const float2 v = *reinterpret_cast<const float2*>(red_s + (gg * 16 + lane / 4 + 8 * h) * Cfg::kRedSStride +
+                                                            key0 + 2 * (lane % 4));
+          sc[0][2 * h] += v.x;
+          sc[0][2 * h + 1] += v.y;
+        }
+      }
+    } else if constexpr (!Cfg::kDsMla) {
       // 36 bf16 k-steps over kC independent accumulators.
       float acc[kC][Cfg::kSTiles][4];
 #pragma unroll
       for (int c = 0; c < kC; ++c)
 #pragma unroll
         for (int j = 0; j < Cfg::kSTiles; ++j) acc[c][j][0] = acc[c][j][1] = acc[c][j][2] = acc[c][j][3] = 0.f;
-#pragma unroll 2
+#pragma unroll 4
       for (int kk = 0; kk < kChunks / 2; kk += kC) {
 #pragma unroll
         for (int c = 0; c < kC; ++c) qk_step(__nv_bfloat16{}, acc[c], kk + c);
@@ -321,14 +406,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // kv_c: 4 scale tiles of 128 dims (8 fp16 k-steps each), kC tiles at a time in independent
       // accumulators; each partial times its key's fp32 tile scale. Then k_pe (4 bf16 k-steps,
       // unscaled) accumulates on top.
-#pragma unroll
+#pragma unroll 1  // (unrolled, the 64-head tile's MMA operands outgrow the 255 registers)
       for (int t0 = 0; t0 < 4; t0 += kC) {
         float acc[kC][Cfg::kSTiles][4];
 #pragma unroll
         for (int c = 0; c < kC; ++c)
 #pragma unroll
           for (int j = 0; j < Cfg::kSTiles; ++j) acc[c][j][0] = acc[c][j][1] = acc[c][j][2] = acc[c][j][3] = 0.f;
-#pragma unroll 2
+#pragma unroll
         for (int st = 0; st < 8; ++st) {
 #pragma unroll
           for (int c = 0; c < kC; ++c) qk_step(__half{}, acc[c], 8 * (t0 + c) + st);
@@ -366,29 +451,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
     }
-    const int r0 = row_group * 16 + lane / 4;
     if (lane % 4 == 0) {
       s_red[col_group * kM + r0] = mx[0];
       s_red[col_group * kM + r0 + 8] = mx[1];
     }
-    // fp8_ds_mla: R_v of this warp's scale tiles (no shared data written: overlaps the barrier).
-    float v_rescale[Cfg::kVTiles], v_inv[Cfg::kVTiles];
+    // fp8_ds_mla: R of this warp's scale tile (registers only: overlaps the barrier wait).
+    float v_rescale = 1.f, v_inv = 1.f;
+    if constexpr (Cfg::kDsMla) {
+      float tmax = fmaxf(fabsf(s_kscale[4 * lane + vt]), fabsf(s_kscale[4 * (lane + 32) + vt]));
 #pragma unroll
-    for (int v = 0; v < Cfg::kVTiles; ++v) {
-      v_rescale[v] = 1.f;
-      v_inv[v] = 1.f;
-      if constexpr (Cfg::kDsMla) {
-        float tmax = fmaxf(fabsf(s_kscale[4 * lane + vt0 + v]), fabsf(s_kscale[4 * (lane + 32) + vt0 + v]));
-#pragma unroll
-        for (int d = 16; d >= 1; d /= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, d));
-        const float r_new = fmaxf(v_ref[v], tmax);
-        v_rescale[v] = v_ref[v] > 0.f ? v_ref[v] / r_new : 1.f;
-        v_inv[v] = r_new > 0.f ? 1.f / r_new : 0.f;
-        v_ref[v] = r_new;
-      }
+      for (int d = 16; d >= 1; d /= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, d));
+      const float r_new = fmaxf(v_ref, tmax);
+      v_rescale = v_ref > 0.f ? v_ref / r_new : 1.f;
+      v_inv = r_new > 0.f ? 1.f / r_new : 0.f;
+      v_ref = r_new;
     }
     sm80::named_barrier(bar_id, kBarThreads);
-    float m_use[2], corr[2];
+    float m_use[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       float tile_max = -INFINITY;
@@ -396,9 +475,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int g = 0; g < Cfg::kColGroups; ++g) tile_max = fmaxf(tile_max, s_red[g * kM + r0 + 8 * i]);
       const float m_new = fmaxf(m_run[i], tile_max);
       m_use[i] = m_new == -INFINITY ? 0.f : m_new;  // all masked so far: exp2(-inf - 0) = 0
-      corr[i] = exp2f(m_run[i] - m_use[i]);
+      const float corr = exp2f(m_run[i] - m_use[i]);
       m_run[i] = m_new;
-      l_run[i] *= corr[i];
+      l_run[i] *= corr;
+      if (col_group == 0 && lane % 4 == 0) s_corr[r0 + 8 * i] = corr;
     }
 #pragma unroll
     for (int j = 0; j < Cfg::kSTiles; ++j) {
@@ -411,62 +491,83 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       *reinterpret_cast<uint32_t*>(s_p + swz<kN / 8>(r0, key / 8) + in_chunk) = sm80::pack2<KvT>(p0, p1);
       *reinterpret_cast<uint32_t*>(s_p + swz<kN / 8>(r0 + 8, key / 8) + in_chunk) = sm80::pack2<KvT>(p2, p3);
     }
-    // Most tiles change neither the row maxima nor R: skip the multiplies then.
-    bool unit = corr[0] == 1.f && corr[1] == 1.f;
+    __syncthreads();  // P and the rescale factors of all rows written (PV takes all rows)
+    // O *= exp2(m_old - m_new) R_old / R_new per row; most tiles change neither: skip then.
+    float corr[Cfg::kPvMTiles][2];
+    bool unit = v_rescale == 1.f;
 #pragma unroll
-    for (int v = 0; v < Cfg::kVTiles; ++v) unit = unit && v_rescale[v] == 1.f;
-    if (!__all_sync(0xffffffffu, unit)) {
+    for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
 #pragma unroll
-      for (int n = 0; n < Cfg::kOTiles; ++n) {
-        const float vr = v_rescale[n / Cfg::kOTilesPerV];
-        o[n][0] *= corr[0] * vr;
-        o[n][1] *= corr[0] * vr;
-        o[n][2] *= corr[1] * vr;
-        o[n][3] *= corr[1] * vr;
+      for (int i = 0; i < 2; ++i) {
+        corr[mt][i] = s_corr[16 * mt + lane / 4 + 8 * i];
+        unit = unit && corr[mt][i] == 1.f;
       }
     }
-    sm80::named_barrier(bar_id, kBarThreads);  // P of all column groups written
-    // O += P V: V is the first 512 columns of the same rows, read transposed by ldmatrix.
-    // fp8_ds_mla: A = P' = P scale[k, tile] / R in fp16 (|P'| <= 1), per scale tile.
+    if (!__all_sync(0xffffffffu, unit)) {
+#pragma unroll
+      for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
+        const float c0 = corr[mt][0] * v_rescale, c1 = corr[mt][1] * v_rescale;
+#pragma unroll
+        for (int n = 0; n < Cfg::kOTiles; ++n) {
+          o[mt][n][0] *= c0;
+          o[mt][n][1] *= c0;
+          o[mt][n][2] *= c1;
+          o[mt][n][3] *= c1;
+        }
+      }
+    }
+    // O += P V: V is the first 512 columns of the same rows, read transposed by ldmatrix once per
+    // warp and used for all m-tiles. fp8_ds_mla: A = P' = P scale[k, vt] / R in fp16 (|P'| <= 1).
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
-      uint32_t a[Cfg::kVTiles][4];
-      sm80::ldmatrix_x4(a[0], p_base + swz<kN / 8>(a_row, 2 * kk + a_chunk));
-      if constexpr (Cfg::kDsMla) {
-        const uint32_t pa[4] = {a[0][0], a[0][1], a[0][2], a[0][3]};
-        const int k = 16 * kk + 2 * (lane % 4);  // a[.][0/1]: keys k, k + 1; a[.][2/3]: keys k + 8, k + 9
+      uint32_t a[Cfg::kPvMTiles][4];
 #pragma unroll
-        for (int v = 0; v < Cfg::kVTiles; ++v) {
-          const float* ks = s_kscale + 4 * k + vt0 + v;
-          const __half2 s01 = __floats2half2_rn(ks[0] * v_inv[v], ks[4] * v_inv[v]);
-          const __half2 s89 = __floats2half2_rn(ks[32] * v_inv[v], ks[36] * v_inv[v]);
-          a[v][0] = e4m3::hmul2_bits(pa[0], s01);
-          a[v][1] = e4m3::hmul2_bits(pa[1], s01);
-          a[v][2] = e4m3::hmul2_bits(pa[2], s89);
-          a[v][3] = e4m3::hmul2_bits(pa[3], s89);
+      for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
+        sm80::ldmatrix_x4(a[mt], p_base + swz<kN / 8>(16 * mt + lane % 16, 2 * kk + lane / 16));
+      }
+      if constexpr (Cfg::kDsMla) {
+        const int k = 16 * kk + 2 * (lane % 4);  // a[.][0/1]: keys k, k + 1; a[.][2/3]: keys k + 8, k + 9
+        const float* ks = s_kscale + 4 * k + vt;
+        const __half2 s01 = __floats2half2_rn(ks[0] * v_inv, ks[4] * v_inv);
+        const __half2 s89 = __floats2half2_rn(ks[32] * v_inv, ks[36] * v_inv);
+#pragma unroll
+        for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
+          a[mt][0] = e4m3::hmul2_bits(a[mt][0], s01);
+          a[mt][1] = e4m3::hmul2_bits(a[mt][1], s01);
+          a[mt][2] = e4m3::hmul2_bits(a[mt][2], s89);
+          a[mt][3] = e4m3::hmul2_bits(a[mt][3], s89);
         }
       }
       const int key = 16 * kk + lane % 8 + ((lane / 8) % 2) * 8;
 #pragma unroll
       for (int n16 = 0; n16 < Cfg::kOTiles / 2; ++n16) {
         uint32_t bv[4];
-        const int v = (2 * n16) / Cfg::kOTilesPerV;
         sm80::ldmatrix_x4_trans(bv, k_base + swz<kChunks>(key, (col0 + 16 * n16) / 8 + lane / 16));
-        sm80::mma_16816<KvT>(o[2 * n16], a[v], bv[0], bv[1]);
-        sm80::mma_16816<KvT>(o[2 * n16 + 1], a[v], bv[2], bv[3]);
+#pragma unroll
+        for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
+          sm80::mma_16816<KvT>(o[mt][2 * n16], a[mt], bv[0], bv[1]);
+          sm80::mma_16816<KvT>(o[mt][2 * n16 + 1], a[mt], bv[2], bv[3]);
+        }
       }
     }
   };
 
   // ---- main loop ------------------------------------------------------------------------
   if constexpr (!Cfg::kDsMla) {
-    if (num_tiles > 0) load_q();
     // bf16 rows go straight into the K buffers; kStages - 1 tiles are in flight during compute.
+    // Q has its own cp.async group (16-head tiles read their Q fragments once, before the loop).
     constexpr int kS = Cfg::kStages;
+    if (num_tiles > 0) load_q();
+    sm80::cp_async_commit();
 #pragma unroll
     for (int i = 0; i < kS - 1; ++i) {
       if (i < num_tiles) load_tile(tile_begin + i, s_k + i * Cfg::kKTileBytes, i & 1);
       sm80::cp_async_commit();
+    }
+    if (Cfg::kSplitDimsQK && num_tiles > 0) {
+      sm80::cp_async_wait<kS - 1>();  // this thread's Q chunks
+      __syncthreads();
+      load_q_frags();
     }
     for (int t = 0; t < num_tiles; ++t) {
       const int next = t + kS - 1;
@@ -495,9 +596,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       __syncthreads();            // everyone's
       prepare_q_fp16();
       __syncthreads();
-      const int r0 = row_group * 16 + lane / 4;
       row_scale[0] = ldexpf(scale_log2, s_row_exp[r0]);
       row_scale[1] = ldexpf(scale_log2, s_row_exp[r0 + 8]);
+      load_q_frags();
     }
     for (int t = 0; t < num_tiles; ++t) {
       const int stage = t % kS;
@@ -513,55 +614,56 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 
   // ---- epilogue -------------------------------------------------------------------------
-  // Row sums: the 4 lanes of a row, then the column groups (same max, so plain sums).
+  // Row sums: the 4 lanes of a row, then the column groups (same max, so plain sums); the final
+  // max per row to shared memory for the PV layout.
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 1);
     l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
   }
-  const int r0 = row_group * 16 + lane / 4;
   if (lane % 4 == 0) {
     s_red[col_group * kM + r0] = l_run[0];
     s_red[col_group * kM + r0 + 8] = l_run[1];
+    if (col_group == 0) s_mfin[r0] = m_run[0], s_mfin[r0 + 8] = m_run[1];
   }
-  sm80::named_barrier(bar_id, kBarThreads);
+  __syncthreads();
   const int out_col0 = col0 + 2 * (lane % 4);
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int h = h0 + r0 + 8 * i;
-    float l_total = 0.f;
+  for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
 #pragma unroll
-    for (int g = 0; g < Cfg::kColGroups; ++g) l_total += s_red[g * kM + r0 + 8 * i];
-    if (h >= p.h_q) continue;
-    const bool any = l_total > 0.f;
-    const float inv = any ? 1.f / l_total : 0.f;
-    const float lse = any ? (m_run[i] + log2f(l_total)) * 0.6931471805599453f : -INFINITY;
-    // Per output tile: 1 / l, times R_v (fp8_ds_mla), times the sink factor (unsplit only).
-    float f[Cfg::kVTiles];
-    const float sink = p.num_splits == 1 && p.attn_sink != nullptr ? sink_factor(lse, p.attn_sink[h]) : 1.f;
+    for (int i = 0; i < 2; ++i) {
+      const int r = 16 * mt + lane / 4 + 8 * i;
+      const int h = h0 + r;
+      if (h >= p.h_q) continue;
+      float l_total = 0.f;
 #pragma unroll
-    for (int v = 0; v < Cfg::kVTiles; ++v) f[v] = inv * sink * (Cfg::kDsMla ? v_ref[v] : 1.f);
-    if (p.num_splits == 1) {
-      auto* out = static_cast<__nv_bfloat16*>(p.out) + ((int64_t(bs) * p.h_q + h) * kKvLoraRank + out_col0);
+      for (int g = 0; g < Cfg::kColGroups; ++g) l_total += s_red[g * kM + r];
+      const bool any = l_total > 0.f;
+      const float inv = any ? 1.f / l_total : 0.f;
+      const float lse = any ? (s_mfin[r] + log2f(l_total)) * 0.6931471805599453f : -INFINITY;
+      // 1 / l, times R (fp8_ds_mla), times the sink factor (unsplit only; the combine applies it).
+      const float sink = p.num_splits == 1 && p.attn_sink != nullptr ? sink_factor(lse, p.attn_sink[h]) : 1.f;
+      const float f = inv * sink * (Cfg::kDsMla ? v_ref : 1.f);
+      const bool lse_writer = warp == 0 && lane % 4 == 0;
+      if (p.num_splits == 1) {
+        auto* out = static_cast<__nv_bfloat16*>(p.out) + ((int64_t(bs) * p.h_q + h) * kKvLoraRank + out_col0);
 #pragma unroll
-      for (int n = 0; n < Cfg::kOTiles; ++n) {
-        const float fn = f[n / Cfg::kOTilesPerV];
-        *reinterpret_cast<__nv_bfloat162*>(out + 8 * n) = __floats2bfloat162_rn(o[n][2 * i] * fn, o[n][2 * i + 1] * fn);
+        for (int n = 0; n < Cfg::kOTiles; ++n) {
+          *reinterpret_cast<__nv_bfloat162*>(out + 8 * n) = __floats2bfloat162_rn(o[mt][n][2 * i] * f, o[mt][n][2 * i + 1] * f);
+        }
+        if (lse_writer) p.lse[(int64_t(b) * p.h_q + h) * p.s_q + s] = lse;
+      } else {
+        const int64_t row = (int64_t(split) * p.batch * p.s_q + bs) * p.h_q + h;
+        float* out = p.partial_out + row * kKvLoraRank + out_col0;
+#pragma unroll
+        for (int n = 0; n < Cfg::kOTiles; ++n) {
+          *reinterpret_cast<float2*>(out + 8 * n) = make_float2(o[mt][n][2 * i] * f, o[mt][n][2 * i + 1] * f);
+        }
+        if (lse_writer) p.partial_lse[row] = lse;
       }
-      if (col_group == 0 && lane % 4 == 0) p.lse[(int64_t(b) * p.h_q + h) * p.s_q + s] = lse;
-    } else {
-      const int64_t row = (int64_t(split) * p.batch * p.s_q + bs) * p.h_q + h;
-      float* out = p.partial_out + row * kKvLoraRank + out_col0;
-#pragma unroll
-      for (int n = 0; n < Cfg::kOTiles; ++n) {
-        const float fn = f[n / Cfg::kOTilesPerV];
-        *reinterpret_cast<float2*>(out + 8 * n) = make_float2(o[n][2 * i] * fn, o[n][2 * i + 1] * fn);
-      }
-      if (col_group == 0 && lane % 4 == 0) p.partial_lse[row] = lse;
     }
   }
 }
-
 
 template <int kM, CacheFormat kFormat, int kStages>
 void launch_sparse_decode_portable(const SparseDecodeParams& p) {
