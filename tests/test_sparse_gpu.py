@@ -104,7 +104,7 @@ def test_h16_reads_same_rows_as_h64():
     assert_close(lse16, lse64[:, :16], cos_tol=1e-7, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("h_q", [16, 32, 64, 128])
+@pytest.mark.parametrize("h_q", [16, "16-dequant", 32, 64, 128])
 @pytest.mark.parametrize("q_exp", [-30, 0, 20])
 @pytest.mark.parametrize("splits", ["1", "3"])
 def test_fp8_ds_mla_scale_spread_and_q_magnitudes(h_q, q_exp, splits, monkeypatch):
@@ -118,6 +118,9 @@ def test_fp8_ds_mla_scale_spread_and_q_magnitudes(h_q, q_exp, splits, monkeypatc
     weights by more than ~0.5%. Compared row by row relative to the row's largest output (a row's
     output is dominated by its large-scale keys), with the tolerances of the bf16 cache."""
     monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", splits)
+    if h_q == "16-dequant":
+        monkeypatch.setenv("MLA_EXT_SPARSE_FP8_DEQUANT", "1")
+        h_q = 16
     b, s_q, topk, bs = 2, 2, 700, 64
     num_blocks = 30
     cache, good, _ = make_cache(num_blocks, bs, "fp8_ds_mla", "cuda", poison_frac=0.1)
@@ -211,6 +214,21 @@ def test_small_for_sanitizer(fmt):
     q, cache, idx, _ = _case(2, 2, 20, 130, 61, fmt, pad_pages=True)
     tl = torch.tensor([130, 70], dtype=torch.int32, device="cuda")
     _check(q, cache, idx, fmt, tl, torch.randn(20, device="cuda"))
+
+
+@pytest.mark.parametrize("path", ["fragments", "dequant"])
+@pytest.mark.parametrize("h_q", [1, 16])
+@pytest.mark.parametrize("splits", ["1", "3"])
+def test_small_fp8_16_head_paths(path, h_q, splits, monkeypatch):
+    """Both fp8_ds_mla kernels for 16-head tiles (the default reads e4m3 fragments from the
+    staging rows; MLA_EXT_SPARSE_FP8_DEQUANT=1 dequantises into an fp16 tile), with every kind of
+    invalid entry, topk_length, attn_sink, page padding; small enough for compute-sanitizer."""
+    if path == "dequant":
+        monkeypatch.setenv("MLA_EXT_SPARSE_FP8_DEQUANT", "1")
+    monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", splits)
+    q, cache, idx, _ = _case(2, 2, h_q, 333, 61, "fp8_ds_mla", pad_pages=True)
+    tl = torch.tensor([333, 140], dtype=torch.int32, device="cuda")
+    _check(q, cache, idx, "fp8_ds_mla", tl, torch.randn(h_q, device="cuda"))
 
 
 # ---- review fixes: padding tokens, int32 limits, empty caches, alignment, checked mode ----------

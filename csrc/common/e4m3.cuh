@@ -22,6 +22,18 @@ __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 b) {
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
+// 32- / 64-bit shared loads by shared-space address (fragments read straight from cache rows).
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint2 lds64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
+
 // 2^e for |e| <= 126, exactly.
 __device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) << 23); }
 

@@ -19,7 +19,7 @@
 
 namespace mla::sparse {
 
-template <int kM_, CacheFormat kFormat_, int kStages_>
+template <int kM_, CacheFormat kFormat_, int kStages_, bool kE4m3Frags_ = false>
 struct PortableConfig {
   static constexpr int kM = kM_;                     // query heads per CTA: 16, 32 or 64
   static constexpr CacheFormat kFormat = kFormat_;
@@ -45,6 +45,14 @@ struct PortableConfig {
   // four partial sums meet in shared memory. Each K fragment is read once instead of 8 times
   // per key with one n8 tile per warp.
   static constexpr bool kSplitDimsQK = kM == 16;
+  // fp8_ds_mla, 16 heads: no K tile. The warps read their MMA fragments straight from the e4m3
+  // staging rows and convert them in registers (each byte once per CTA: the split-dims QK^T and
+  // the all-rows PV give every (key, dim) to exactly one warp), with permuted k indices so that a
+  // B fragment is one 32-bit load (csrc/decode/README.md, "fp8 caches with 16 query rows").
+  // Without the 72 KB K tile and the dequantisation pass (all threads, two barriers per tile),
+  // four tiles of rows are in flight.
+  static constexpr bool kE4m3Frags = kE4m3Frags_;
+  static_assert(!kE4m3Frags || (kDsMla && kM == 16), "e4m3 fragments: fp8_ds_mla with 16-head tiles");
   // PV: every warp takes all kM rows and 64 output columns (warp w: 64 w .. + 63), so each V
   // fragment is read once per CTA and reused for the kM / 16 m-tiles (O: 2 kM fp32 per thread).
   static constexpr int kPvMTiles = kM / 16;
@@ -62,8 +70,8 @@ struct PortableConfig {
   // buffers (dequantised into one bf16 K tile). More stages keep more gathered bytes in flight,
   // which is what the memory-bound small head tiles need.
   static constexpr int kStages = kStages_;
-  static_assert(kStages >= 1 && kStages <= 3 && (kDsMla || kStages <= 2));
-  static constexpr int kKBuffers = kDsMla ? 1 : kStages;
+  static_assert(kStages >= 1 && kStages <= (kE4m3Frags ? 4 : 3) && (kDsMla || kStages <= 2));
+  static constexpr int kKBuffers = kE4m3Frags ? 0 : (kDsMla ? 1 : kStages);
   // Key-validity slots: bf16 alternates two tiles; fp8_ds_mla has one per staging buffer plus
   // the copy that belongs to the K tile being computed.
   static constexpr int kValidSlots = kDsMla ? kStages + 1 : 2;
@@ -73,10 +81,13 @@ struct PortableConfig {
   static constexpr int kKTileBytes = kN * kChunks * 16;
   static constexpr int kRawTileBytes = kN * kDsMlaRowBytes;
   static constexpr int kRawBytes = kDsMla ? kStages * kRawTileBytes : 0;  // fp8_ds_mla staging
-  static constexpr int kPBytes = kM * kN * 2;                        // bf16 probabilities
+  // P (16-bit): swizzled [kM][64] for ldmatrix; e4m3 fragments: [16][72] with key k at
+  // 8 (k / 8) + 2 (k % 4) + (k % 8) / 4, so the PV A fragment's key pair (k, k + 4) is one word.
+  static constexpr int kPStride = kN + 8;                            // halves (e4m3 fragments)
+  static constexpr int kPBytes = kE4m3Frags ? kM * kPStride * 2 : kM * kN * 2;
   static constexpr int kRedBytes = kColGroups * kM * 4;              // per-warp row max / row sum
   static constexpr int kValidBytes = kValidSlots * kN * 4;           // per-key validity
-  static constexpr int kKScaleBytes = kDsMla ? kN * 16 : 0;          // fp8_ds_mla: the K tile's 4 fp32 scales per key
+  static constexpr int kKScaleBytes = kDsMla && !kE4m3Frags ? kN * 16 : 0;         // fp8_ds_mla: the K tile's 4 fp32 scales per key
   static constexpr int kRowExpBytes = kDsMla ? kM * 4 : 0;           // fp8_ds_mla: q row exponents (int)
   static constexpr int kRowStateBytes = 2 * kM * 4;                  // per row: O rescale factor, final max
   static constexpr int kRedSStride = kN + 8;                         // floats: conflict-free float2 rows
@@ -233,26 +244,45 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   // fp8_ds_mla staging -> K tile: kv_c e4m3 -> fp16 (exact, one cvt per two values, no scale),
   // k_pe copied (bf16); the 4 tile scales per key go to s_kscale and are applied to the partial
-  // scores and to P (see compute_tile). 40 work items per row: 32 chunks of 16 e4m3, then 8
-  // chunks of k_pe.
+  // scores and to P (see compute_tile). Fixed work per thread, no branches: lane c converts 16-byte
+  // chunk c of rows warp + 8 j (8 rows, loaded 4 at a time so the shared loads overlap), then
+  // copies 2 of the 512 k_pe chunks.
   auto dequant_tile = [&](const uint8_t* s_stage) {
-    for (int i = tid; i < kN * 40; i += Cfg::kThreads) {
-      const int r = i / 40, c = i % 40;
-      const uint8_t* raw = s_stage + r * kDsMlaRowBytes;
-      if (c < 32) {
-        const uint4 v = *reinterpret_cast<const uint4*>(raw + 16 * c);
-        uint32_t h[8];
-        e4m3::x4_to_f16x2x2(v.x, h[0], h[1]);
-        e4m3::x4_to_f16x2x2(v.y, h[2], h[3]);
-        e4m3::x4_to_f16x2x2(v.z, h[4], h[5]);
-        e4m3::x4_to_f16x2x2(v.w, h[6], h[7]);
-        *reinterpret_cast<uint4*>(s_k + swz<kChunks>(r, 2 * c)) = make_uint4(h[0], h[1], h[2], h[3]);
-        *reinterpret_cast<uint4*>(s_k + swz<kChunks>(r, 2 * c + 1)) = make_uint4(h[4], h[5], h[6], h[7]);
-      } else {
-        const int rc = c - 32;
-        *reinterpret_cast<uint4*>(s_k + swz<kChunks>(r, 64 + rc)) =
-            *reinterpret_cast<const uint4*>(raw + kDsMlaRopeOffset + 16 * rc);
+    const int c = lane;
+#pragma unroll
+    for (int j0 = 0; j0 < kN / Cfg::kWarps; j0 += 4) {
+      uint4 v[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        v[j] = *reinterpret_cast<const uint4*>(s_stage + (warp + 8 * (j0 + j)) * kDsMlaRowBytes + 16 * c);
       }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int r = warp + 8 * (j0 + j);
+        uint32_t h[8];
+        e4m3::x4_to_f16x2x2(v[j].x, h[0], h[1]);
+        e4m3::x4_to_f16x2x2(v[j].y, h[2], h[3]);
+        e4m3::x4_to_f16x2x2(v[j].z, h[4], h[5]);
+        e4m3::x4_to_f16x2x2(v[j].w, h[6], h[7]);
+        // Output chunks 2c, 2c + 1; lanes c / 4 odd store the odd one first, so that the 8 lanes
+        // of each store phase hit 8 different 16-byte bank groups.
+        const int first = (c >> 2) & 1;
+        const uint4 lo = make_uint4(h[0], h[1], h[2], h[3]), hi = make_uint4(h[4], h[5], h[6], h[7]);
+        *reinterpret_cast<uint4*>(s_k + swz<kChunks>(r, 2 * c + first)) = first ? hi : lo;
+        *reinterpret_cast<uint4*>(s_k + swz<kChunks>(r, 2 * c + 1 - first)) = first ? lo : hi;
+      }
+    }
+    static_assert(kN * 8 == 2 * Cfg::kThreads, "k_pe: two chunks per thread");
+    uint4 pe[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int i = tid + Cfg::kThreads * j;
+      pe[j] = *reinterpret_cast<const uint4*>(s_stage + (i / 8) * kDsMlaRowBytes + kDsMlaRopeOffset + 16 * (i % 8));
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int i = tid + Cfg::kThreads * j;
+      *reinterpret_cast<uint4*>(s_k + swz<kChunks>(i / 8, 64 + i % 8)) = pe[j];
     }
     if (tid < kN) {
       reinterpret_cast<float4*>(s_kscale)[tid] = *reinterpret_cast<const float4*>(s_stage + tid * kDsMlaRowBytes + kDsMlaScaleOffset);
@@ -286,7 +316,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int kQf = Cfg::kSplitDimsQK ? 9 : 1;
   uint32_t qf[kQf][4];
   auto load_q_frags = [&]() {
-    if constexpr (Cfg::kSplitDimsQK) {
+    if constexpr (Cfg::kE4m3Frags) {
+      // Permuted k: thread (grp, qd) holds dims d + 4 qd .. + 3 of rows grp and grp + 8 for every
+      // k-step (a0/a1 = dims +0, +1; a2/a3 = dims +2, +3), matching one 32-bit load of 4 e4m3 bytes.
+      const int g = warp % 4, grp = lane / 4, qd = lane % 4;
+#pragma unroll
+      for (int st = 0; st < 9; ++st) {
+        const int d = (st < 8 ? 128 * g + 16 * st : kKvLoraRank + 16 * g) + 4 * qd;
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const uint2 v = *reinterpret_cast<const uint2*>(s_q + swz<kChunks>(grp + 8 * rr, d / 8) + 2 * (d % 8));
+          qf[st][rr] = v.x;
+          qf[st][2 + rr] = v.y;
+        }
+      }
+    } else if constexpr (Cfg::kSplitDimsQK) {
       const int g = warp % 4;
 #pragma unroll
       for (int st = 0; st < 9; ++st) {
@@ -301,6 +345,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto compute_tile = [&](const uint8_t* s_kt, int valid_slot) {
     const uint32_t q_base = sm80::smem_addr(s_q), k_base = sm80::smem_addr(s_kt), p_base = sm80::smem_addr(s_p);
     const int key0 = col_group * Cfg::kKeysPerWarp;
+    const int grp = lane / 4, qd = lane % 4;
+    // fp8_ds_mla tile scale t of key k: in the staging rows (e4m3 fragments) or s_kscale.
+    auto kscale = [&](int k, int t) -> float {
+      if constexpr (Cfg::kE4m3Frags) return *reinterpret_cast<const float*>(s_kt + k * kDsMlaRowBytes + kDsMlaScaleOffset + 4 * t);
+      else return s_kscale[4 * k + t];
+    };
     // B fragments of two n8 tiles (keys key .. key + 15 as addressed by this lane), k-step kk.
     auto ldmatrix_k16 = [&](uint32_t (&bk)[4], int key16, int kk) {
       const int key = key16 + (lane / 16) * 8 + lane % 8;
@@ -337,6 +387,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) part[nt][0] = part[nt][1] = part[nt][2] = part[nt][3] = 0.f;
       constexpr int kSteps = Cfg::kDsMla ? 8 : 9;  // fp8_ds_mla: + 1 bf16 k_pe step after the scale
+      if constexpr (Cfg::kE4m3Frags) {
+        // B = 4 e4m3 bytes of key 32 kh + 8 nt + grp at dims 128 g + 16 st + 4 qd (one load,
+        // conflict-free: rows are 656 B = 164 words apart, so bank = 4 grp + qd + const).
+#pragma unroll
+        for (int st = 0; st < kSteps; ++st) {
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            const int key = 32 * kh + 8 * nt + grp;
+            uint32_t b0, b1;
+            e4m3::x4_to_f16x2x2(e4m3::lds32(k_base + key * kDsMlaRowBytes + 128 * g + 16 * st + 4 * qd), b0, b1);
+            sm80::mma_16816<__half>(part[nt], qf[st], b0, b1);
+          }
+        }
+      } else {
 #pragma unroll
       for (int st = 0; st < kSteps; ++st) {
         const int kk = Cfg::kDsMla ? 8 * g + st : 9 * g + st;
@@ -348,13 +412,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           sm80::mma_16816<KvT>(part[2 * n16 + 1], qf[st], bk[2], bk[3]);
         }
       }
+      }
       if constexpr (Cfg::kDsMla) {
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
-          const int key = 32 * kh + 8 * nt + 2 * (lane % 4);
-          const float s0 = s_kscale[4 * key + g], s1 = s_kscale[4 * (key + 1) + g];
+          const int key = 32 * kh + 8 * nt + 2 * qd;
+          const float s0 = kscale(key, g), s1 = kscale(key + 1, g);
           part[nt][0] *= s0, part[nt][1] *= s1, part[nt][2] *= s0, part[nt][3] *= s1;
         }
+      }
+      if constexpr (Cfg::kE4m3Frags) {
+        // k_pe (bf16 in the row): dims 16 g + 4 qd .. + 3 of key 32 kh + 8 nt + grp, one 64-bit load.
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int key = 32 * kh + 8 * nt + grp;
+          const uint2 w = e4m3::lds64(k_base + key * kDsMlaRowBytes + kDsMlaRopeOffset + 2 * (16 * g + 4 * qd));
+          sm80::mma_16816<__nv_bfloat16>(part[nt], qf[8], w.x, w.y);
+        }
+      } else if constexpr (Cfg::kDsMla) {
 #pragma unroll
         for (int n16 = 0; n16 < 2; ++n16) {
           uint32_t bk[4];
@@ -458,7 +533,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // fp8_ds_mla: R of this warp's scale tile (registers only: overlaps the barrier wait).
     float v_rescale = 1.f, v_inv = 1.f;
     if constexpr (Cfg::kDsMla) {
-      float tmax = fmaxf(fabsf(s_kscale[4 * lane + vt]), fabsf(s_kscale[4 * (lane + 32) + vt]));
+      float tmax = fmaxf(fabsf(kscale(lane, vt)), fabsf(kscale(lane + 32, vt)));
 #pragma unroll
       for (int d = 16; d >= 1; d /= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, d));
       const float r_new = fmaxf(v_ref, tmax);
@@ -487,9 +562,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       l_run[0] += p0 + p1;
       l_run[1] += p2 + p3;
       const int key = key0 + 8 * j + 2 * (lane % 4);
-      const uint32_t in_chunk = (key % 8) * 2;
-      *reinterpret_cast<uint32_t*>(s_p + swz<kN / 8>(r0, key / 8) + in_chunk) = sm80::pack2<KvT>(p0, p1);
-      *reinterpret_cast<uint32_t*>(s_p + swz<kN / 8>(r0 + 8, key / 8) + in_chunk) = sm80::pack2<KvT>(p2, p3);
+      if constexpr (Cfg::kE4m3Frags) {
+        // keys key, key + 1 (key % 8 = 2 qd) at their permuted places
+        __half* pt = reinterpret_cast<__half*>(s_p);
+        const int pos0 = 8 * (key / 8) + 2 * ((2 * qd) % 4) + qd / 2, pos1 = 8 * (key / 8) + 2 * ((2 * qd + 1) % 4) + qd / 2;
+        pt[r0 * Cfg::kPStride + pos0] = __float2half_rn(p0);
+        pt[r0 * Cfg::kPStride + pos1] = __float2half_rn(p1);
+        pt[(r0 + 8) * Cfg::kPStride + pos0] = __float2half_rn(p2);
+        pt[(r0 + 8) * Cfg::kPStride + pos1] = __float2half_rn(p3);
+      } else {
+        const uint32_t in_chunk = (key % 8) * 2;
+        *reinterpret_cast<uint32_t*>(s_p + swz<kN / 8>(r0, key / 8) + in_chunk) = sm80::pack2<KvT>(p0, p1);
+        *reinterpret_cast<uint32_t*>(s_p + swz<kN / 8>(r0 + 8, key / 8) + in_chunk) = sm80::pack2<KvT>(p2, p3);
+      }
     }
     __syncthreads();  // P and the rescale factors of all rows written (PV takes all rows)
     // O *= exp2(m_old - m_new) R_old / R_new per row; most tiles change neither: skip then.
@@ -518,6 +603,44 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     // O += P V: V is the first 512 columns of the same rows, read transposed by ldmatrix once per
     // warp and used for all m-tiles. fp8_ds_mla: A = P' = P scale[k, vt] / R in fp16 (|P'| <= 1).
+    if constexpr (Cfg::kE4m3Frags) {
+      // k-step of 16 keys: thread qd holds keys 16 ks + qd + {0, 4 | 8, 12}; column n of n-tile j
+      // (of a set of 4 covering 32 dims) is dim 4 n + j, so one 32-bit load per key (4 bytes:
+      // dims 4 grp .. + 3) gives four n-tiles after a byte regroup. C then holds dims
+      // 32 S + 8 qd + {j, 4 + j}: o[0][4 S + j].
+      const __half* pt = reinterpret_cast<const __half*>(s_p);
+#pragma unroll
+      for (int ks = 0; ks < kN / 16; ++ks) {
+        uint32_t pa[4];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const __half* prow = pt + (grp + 8 * rr) * Cfg::kPStride + 16 * ks + 2 * qd;
+          pa[rr] = *reinterpret_cast<const uint32_t*>(prow);
+          pa[2 + rr] = *reinterpret_cast<const uint32_t*>(prow + 8);
+        }
+        const int k = 16 * ks + qd;
+        const __half2 s01 = __floats2half2_rn(kscale(k, vt) * v_inv, kscale(k + 4, vt) * v_inv);
+        const __half2 s23 = __floats2half2_rn(kscale(k + 8, vt) * v_inv, kscale(k + 12, vt) * v_inv);
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          pa[rr] = e4m3::hmul2_bits(pa[rr], s01);
+          pa[2 + rr] = e4m3::hmul2_bits(pa[2 + rr], s23);
+        }
+#pragma unroll
+        for (int S = 0; S < 2; ++S) {
+          uint32_t w[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) w[e] = e4m3::lds32(k_base + (k + 4 * e) * kDsMlaRowBytes + col0 + 32 * S + 4 * grp);
+          uint32_t b0[4], b1[4];  // n-tile j: byte j of keys (e 0, 1) and (e 2, 3)
+          e4m3::x4_to_f16x2x2(__byte_perm(w[0], w[1], 0x5140), b0[0], b0[1]);
+          e4m3::x4_to_f16x2x2(__byte_perm(w[0], w[1], 0x7362), b0[2], b0[3]);
+          e4m3::x4_to_f16x2x2(__byte_perm(w[2], w[3], 0x5140), b1[0], b1[1]);
+          e4m3::x4_to_f16x2x2(__byte_perm(w[2], w[3], 0x7362), b1[2], b1[3]);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) sm80::mma_16816<__half>(o[0][4 * S + j], pa, b0[j], b1[j]);
+        }
+      }
+    } else {
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
       uint32_t a[Cfg::kPvMTiles][4];
@@ -550,6 +673,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       }
     }
+    }
   };
 
   // ---- main loop ------------------------------------------------------------------------
@@ -577,6 +701,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       __syncthreads();  // tile t visible to all warps
       compute_tile(s_k + (t % kS) * Cfg::kKTileBytes, t & 1);
       __syncthreads();  // everyone done with buffer t % kS before it is refilled
+    }
+  } else if constexpr (Cfg::kE4m3Frags) {
+    // fp8_ds_mla, e4m3 fragments: the warps compute on the staging rows themselves; kStages - 1
+    // tiles are in flight during compute. One barrier per tile: after it, tile t has landed for
+    // everyone and everyone is done with tile t - 1, whose buffer takes tile t + kStages - 1.
+    constexpr int kS = Cfg::kStages;
+    if (num_tiles > 0) load_q();
+    sm80::cp_async_commit();
+#pragma unroll
+    for (int i = 0; i < kS - 1; ++i) {
+      if (i < num_tiles) load_tile(tile_begin + i, s_raw + i * Cfg::kRawTileBytes, i);
+      sm80::cp_async_commit();
+    }
+    if (num_tiles > 0) {
+      sm80::cp_async_wait<kS - 1>();  // this thread's Q chunks
+      __syncthreads();
+      prepare_q_fp16();
+      __syncthreads();
+      row_scale[0] = ldexpf(scale_log2, s_row_exp[r0]);
+      row_scale[1] = ldexpf(scale_log2, s_row_exp[r0 + 8]);
+      load_q_frags();
+    }
+    for (int t = 0; t < num_tiles; ++t) {
+      sm80::cp_async_wait<kS - 2>();  // tile t (loads were issued up to t + kS - 2)
+      __syncthreads();
+      const int next = t + kS - 1;
+      if (next < num_tiles) load_tile(tile_begin + next, s_raw + (next % kS) * Cfg::kRawTileBytes, next % kS);
+      sm80::cp_async_commit();
+      compute_tile(s_raw + (t % kS) * Cfg::kRawTileBytes, t % kS);
     }
   } else {
     // fp8_ds_mla: kStages tiles land in staging buffers while earlier tiles compute; each is
@@ -645,7 +798,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const float sink = p.num_splits == 1 && p.attn_sink != nullptr ? sink_factor(lse, p.attn_sink[h]) : 1.f;
       const float f = inv * sink * (Cfg::kDsMla ? v_ref : 1.f);
       const bool lse_writer = warp == 0 && lane % 4 == 0;
-      if (p.num_splits == 1) {
+      if constexpr (Cfg::kE4m3Frags) {
+        // o[0][4 S + j] holds dims col0 + 32 S + 8 (lane % 4) + {j, 4 + j}.
+#pragma unroll
+        for (int S = 0; S < 2; ++S) {
+          float v[8];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            v[j] = o[0][4 * S + j][2 * i] * f;
+            v[4 + j] = o[0][4 * S + j][2 * i + 1] * f;
+          }
+          const int d0 = col0 + 32 * S + 8 * (lane % 4);
+          if (p.num_splits == 1) {
+            auto* out = static_cast<__nv_bfloat16*>(p.out) + ((int64_t(bs) * p.h_q + h) * kKvLoraRank + d0);
+            *reinterpret_cast<uint4*>(out) = make_uint4(sm80::pack2<__nv_bfloat16>(v[0], v[1]), sm80::pack2<__nv_bfloat16>(v[2], v[3]),
+                                                        sm80::pack2<__nv_bfloat16>(v[4], v[5]), sm80::pack2<__nv_bfloat16>(v[6], v[7]));
+          } else {
+            const int64_t row = (int64_t(split) * p.batch * p.s_q + bs) * p.h_q + h;
+            float4* out = reinterpret_cast<float4*>(p.partial_out + row * kKvLoraRank + d0);
+            out[0] = make_float4(v[0], v[1], v[2], v[3]);
+            out[1] = make_float4(v[4], v[5], v[6], v[7]);
+          }
+        }
+        if (lse_writer) {
+          if (p.num_splits == 1) p.lse[(int64_t(b) * p.h_q + h) * p.s_q + s] = lse;
+          else p.partial_lse[(int64_t(split) * p.batch * p.s_q + bs) * p.h_q + h] = lse;
+        }
+      } else if (p.num_splits == 1) {
         auto* out = static_cast<__nv_bfloat16*>(p.out) + ((int64_t(bs) * p.h_q + h) * kKvLoraRank + out_col0);
 #pragma unroll
         for (int n = 0; n < Cfg::kOTiles; ++n) {
@@ -665,9 +844,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 }
 
-template <int kM, CacheFormat kFormat, int kStages>
+template <int kM, CacheFormat kFormat, int kStages, bool kE4m3Frags = false>
 void launch_sparse_decode_portable(const SparseDecodeParams& p) {
-  using Cfg = PortableConfig<kM, kFormat, kStages>;
+  using Cfg = PortableConfig<kM, kFormat, kStages, kE4m3Frags>;
   auto kernel = sparse_decode_portable_kernel<Cfg>;
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((p.h_q + kM - 1) / kM, p.num_splits, p.batch * p.s_q);
