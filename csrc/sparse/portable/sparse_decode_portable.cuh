@@ -532,15 +532,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     // fp8_ds_mla: R of this warp's scale tile (registers only: overlaps the barrier wait).
     float v_rescale = 1.f, v_inv = 1.f;
-    if constexpr (Cfg::kDsMla) {
-      float tmax = fmaxf(fabsf(kscale(lane, vt)), fabsf(kscale(lane + 32, vt)));
-#pragma unroll
-      for (int d = 16; d >= 1; d /= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, d));
-      const float r_new = fmaxf(v_ref, tmax);
-      v_rescale = v_ref > 0.f ? v_ref / r_new : 1.f;
-      v_inv = r_new > 0.f ? 1.f / r_new : 0.f;
-      v_ref = r_new;
-    }
+    if constexpr (Cfg::kDsMla) e4m3::update_scale_ref(kscale(lane, vt), kscale(lane + 32, vt), v_ref, v_rescale, v_inv);
     sm80::named_barrier(bar_id, kBarThreads);
     float m_use[2];
 #pragma unroll
@@ -612,12 +604,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (int ks = 0; ks < kN / 16; ++ks) {
         uint32_t pa[4];
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const __half* prow = pt + (grp + 8 * rr) * Cfg::kPStride + 16 * ks + 2 * qd;
-          pa[rr] = *reinterpret_cast<const uint32_t*>(prow);
-          pa[2 + rr] = *reinterpret_cast<const uint32_t*>(prow + 8);
-        }
+        e4m3::load_pv_a<Cfg::kPStride>(pt, ks, lane, pa);
         const int k = 16 * ks + qd;
         const __half2 s01 = __floats2half2_rn(kscale(k, vt) * v_inv, kscale(k + 4, vt) * v_inv);
         const __half2 s23 = __floats2half2_rn(kscale(k + 8, vt) * v_inv, kscale(k + 12, vt) * v_inv);
@@ -631,11 +618,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           uint32_t w[4];
 #pragma unroll
           for (int e = 0; e < 4; ++e) w[e] = e4m3::lds32(k_base + (k + 4 * e) * kDsMlaRowBytes + col0 + 32 * S + 4 * grp);
-          uint32_t b0[4], b1[4];  // n-tile j: byte j of keys (e 0, 1) and (e 2, 3)
-          e4m3::x4_to_f16x2x2(__byte_perm(w[0], w[1], 0x5140), b0[0], b0[1]);
-          e4m3::x4_to_f16x2x2(__byte_perm(w[0], w[1], 0x7362), b0[2], b0[3]);
-          e4m3::x4_to_f16x2x2(__byte_perm(w[2], w[3], 0x5140), b1[0], b1[1]);
-          e4m3::x4_to_f16x2x2(__byte_perm(w[2], w[3], 0x7362), b1[2], b1[3]);
+          uint32_t b0[4], b1[4];
+          e4m3::regroup_pv_b(w, b0, b1);
 #pragma unroll
           for (int j = 0; j < 4; ++j) sm80::mma_16816<__half>(o[0][4 * S + j], pa, b0[j], b1[j]);
         }
@@ -674,6 +658,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
     }
+  };
+
+  // fp8_ds_mla, once this thread's Q chunks have landed: q' in place (all threads), the rows'
+  // softmax scales times 2^e_r, the Q fragments of 16-head tiles.
+  auto start_q_fp16 = [&]() {
+    __syncthreads();  // everyone's Q chunks
+    prepare_q_fp16();
+    __syncthreads();
+    row_scale[0] = ldexpf(scale_log2, s_row_exp[r0]);
+    row_scale[1] = ldexpf(scale_log2, s_row_exp[r0 + 8]);
+    load_q_frags();
   };
 
   // ---- main loop ------------------------------------------------------------------------
@@ -716,12 +711,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     if (num_tiles > 0) {
       sm80::cp_async_wait<kS - 1>();  // this thread's Q chunks
-      __syncthreads();
-      prepare_q_fp16();
-      __syncthreads();
-      row_scale[0] = ldexpf(scale_log2, s_row_exp[r0]);
-      row_scale[1] = ldexpf(scale_log2, s_row_exp[r0 + 8]);
-      load_q_frags();
+      start_q_fp16();
     }
     for (int t = 0; t < num_tiles; ++t) {
       sm80::cp_async_wait<kS - 2>();  // tile t (loads were issued up to t + kS - 2)
@@ -746,12 +736,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     if (num_tiles > 0) {
       sm80::cp_async_wait<kS>();  // this thread's Q chunks
-      __syncthreads();            // everyone's
-      prepare_q_fp16();
-      __syncthreads();
-      row_scale[0] = ldexpf(scale_log2, s_row_exp[r0]);
-      row_scale[1] = ldexpf(scale_log2, s_row_exp[r0 + 8]);
-      load_q_frags();
+      start_q_fp16();
     }
     for (int t = 0; t < num_tiles; ++t) {
       const int stage = t % kS;
