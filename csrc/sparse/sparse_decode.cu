@@ -20,7 +20,8 @@ extern template void launch_sparse_decode_portable<32, CacheFormat::kAuto, 2>(co
 extern template void launch_sparse_decode_portable<32, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
-extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 3>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 2>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<32, CacheFormat::kFp8DsMla, 2>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<32, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
@@ -34,12 +35,29 @@ namespace {
 int head_tile(int h_q) { return h_q <= 16 ? 16 : (h_q <= 32 ? 32 : 64); }
 
 // Deepest pipeline instantiated per (head tile, format): bf16 2 K buffers; fp8_ds_mla staging
-// buffers as many as fit next to Q and the K tile in 227 KB (3 for 16 heads, 2 for 32, 1 for 64).
+// buffers as many as fit next to Q and the K tile in 227 KB (2 for 16 heads, whose partial-score
+// buffer takes the third's place; 2 for 32, 1 for 64).
 template <int kM, CacheFormat kFormat>
-constexpr int kDeepStages = kFormat == CacheFormat::kAuto ? 2 : (kM == 16 ? 3 : (kM == 32 ? 2 : 1));
+constexpr int kDeepStages = kFormat == CacheFormat::kAuto ? 2 : (kM == 64 ? 1 : 2);
+
+// fp8_ds_mla with 16-head tiles reads its MMA fragments straight from the e4m3 rows (no
+// dequantisation pass) where shared memory allows; MLA_EXT_SPARSE_FP8_DEQUANT=1 keeps the
+// dequantising kernel (for comparisons and tests).
+bool fp8_fragments_allowed(int max_smem) {
+  using Frags = PortableConfig<16, CacheFormat::kFp8DsMla, 4, true>;
+  const char* env = std::getenv("MLA_EXT_SPARSE_FP8_DEQUANT");
+  const bool dequant = env != nullptr && env[0] != '\0' && env[0] != '0';
+  return !dequant && Frags::kSmemBytes <= max_smem;
+}
 
 template <int kM, CacheFormat kFormat>
 void launch_portable(const SparseDecodeParams& p, int max_smem) {
+  if constexpr (kM == 16 && kFormat == CacheFormat::kFp8DsMla) {
+    if (fp8_fragments_allowed(max_smem)) {
+      launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true>(p);
+      return;
+    }
+  }
   // The deep pipeline where shared memory allows (sm90, sm100: 227 KB), one stage on GPUs
   // with less (sm80: 163 KB).
   constexpr int kDeep = kDeepStages<kM, kFormat>;

@@ -7,18 +7,19 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "common/cuda_check.h"
-#include "common/types.h"
+#include "common/e4m3.cuh"
 #include "common/sm80.cuh"
+#include "common/types.h"
 #include "sparse/sparse_decode.h"
 
 namespace mla::sparse {
 
-template <int kM_, CacheFormat kFormat_, int kStages_>
+template <int kM_, CacheFormat kFormat_, int kStages_, bool kE4m3Frags_ = false>
 struct PortableConfig {
   static constexpr int kM = kM_;                     // query heads per CTA: 16, 32 or 64
   static constexpr CacheFormat kFormat = kFormat_;
@@ -29,15 +30,36 @@ struct PortableConfig {
   static constexpr int kWarps = 8;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kN = 64;                      // keys (gathered rows) per tile
-  // Warp (row_group, col_group): rows [16 row_group, +16) of the head tile. QK^T splits the tile's
-  // keys over the column groups; PV splits the 512 output columns over them, so O stays at
-  // 16 x 512/col_groups fp32 per warp (128 registers for kM = 64) and no MMA is done twice.
+  // QK^T: warp (row_group, col_group) computes rows [16 row_group, +16) of the head tile for the
+  // col_group-th slice of the tile's keys; the softmax keeps that layout (2 rows per thread).
   static constexpr int kRowGroups = kM / 16;
   static constexpr int kColGroups = kWarps / kRowGroups;  // 8, 4, 2
   static constexpr int kKeysPerWarp = kN / kColGroups;    // 8, 16, 32
   static constexpr int kSTiles = kKeysPerWarp / 8;        // n8 tiles of S per warp
-  static constexpr int kOutCols = kKvLoraRank / kColGroups;  // 64, 128, 256
-  static constexpr int kOTiles = kOutCols / 8;
+  // QK^T runs 4 / kSTiles independent accumulator chains, so that a warp's MMAs do not wait on
+  // each other's latency.
+  static constexpr int kChains = 4 / kSTiles;
+  // 16-head tiles split QK^T over the dims instead (like the dense fp8 decode): warp (g, kh) =
+  // (w % 4, w / 4) takes dim group g (fp8_ds_mla: scale tile g + 16 k_pe dims; bf16: 144 dims)
+  // for keys 32 kh .. + 31, with its 9 Q fragments held in registers for the whole CTA; the
+  // four partial sums meet in shared memory. Each K fragment is read once instead of 8 times
+  // per key with one n8 tile per warp.
+  static constexpr bool kSplitDimsQK = kM == 16;
+  // fp8_ds_mla, 16 heads: no K tile. The warps read their MMA fragments straight from the e4m3
+  // staging rows and convert them in registers (each byte once per CTA: the split-dims QK^T and
+  // the all-rows PV give every (key, dim) to exactly one warp), with permuted k indices so that a
+  // B fragment is one 32-bit load (csrc/decode/README.md, "fp8 caches with 16 query rows").
+  // Without the 72 KB K tile and the dequantisation pass (all threads, two barriers per tile),
+  // four tiles of rows are in flight.
+  static constexpr bool kE4m3Frags = kE4m3Frags_;
+  static_assert(!kE4m3Frags || (kDsMla && kM == 16), "e4m3 fragments: fp8_ds_mla with 16-head tiles");
+  // PV: every warp takes all kM rows and 64 output columns (warp w: 64 w .. + 63), so each V
+  // fragment is read once per CTA and reused for the kM / 16 m-tiles (O: 2 kM fp32 per thread).
+  static constexpr int kPvMTiles = kM / 16;
+  static constexpr int kOTiles = 8;                       // n8 tiles of the 64 columns
+  // 16-bit type of the MMA operands: bf16 rows, or fp16 for fp8_ds_mla (e4m3 is exact in fp16 and
+  // the tile scales stay out of the operands; k_pe is bf16 in both formats).
+  using KvT = std::conditional_t<kDsMla, __half, __nv_bfloat16>;
 
   // bf16 rows of 576 = 72 chunks of 16 bytes. Rows are 1152 bytes (a multiple of 128), so
   // chunk c of row r is stored at c ^ (r % 8): the 8 rows one ldmatrix reads hit 8 different
@@ -48,8 +70,8 @@ struct PortableConfig {
   // buffers (dequantised into one bf16 K tile). More stages keep more gathered bytes in flight,
   // which is what the memory-bound small head tiles need.
   static constexpr int kStages = kStages_;
-  static_assert(kStages >= 1 && kStages <= 3 && (kDsMla || kStages <= 2));
-  static constexpr int kKBuffers = kDsMla ? 1 : kStages;
+  static_assert(kStages >= 1 && kStages <= (kE4m3Frags ? 4 : 3) && (kDsMla || kStages <= 2));
+  static constexpr int kKBuffers = kE4m3Frags ? 0 : (kDsMla ? 1 : kStages);
   // Key-validity slots: bf16 alternates two tiles; fp8_ds_mla has one per staging buffer plus
   // the copy that belongs to the K tile being computed.
   static constexpr int kValidSlots = kDsMla ? kStages + 1 : 2;
@@ -59,17 +81,29 @@ struct PortableConfig {
   static constexpr int kKTileBytes = kN * kChunks * 16;
   static constexpr int kRawTileBytes = kN * kDsMlaRowBytes;
   static constexpr int kRawBytes = kDsMla ? kStages * kRawTileBytes : 0;  // fp8_ds_mla staging
-  static constexpr int kPBytes = kM * kN * 2;                        // bf16 probabilities
+  // P (16-bit): swizzled [kM][64] for ldmatrix; e4m3 fragments: [16][72] with key k at
+  // 8 (k / 8) + 2 (k % 4) + (k % 8) / 4, so the PV A fragment's key pair (k, k + 4) is one word.
+  static constexpr int kPStride = kN + 8;                            // halves (e4m3 fragments)
+  static constexpr int kPBytes = kE4m3Frags ? kM * kPStride * 2 : kM * kN * 2;
   static constexpr int kRedBytes = kColGroups * kM * 4;              // per-warp row max / row sum
   static constexpr int kValidBytes = kValidSlots * kN * 4;           // per-key validity
+  static constexpr int kKScaleBytes = kDsMla && !kE4m3Frags ? kN * 16 : 0;         // fp8_ds_mla: the K tile's 4 fp32 scales per key
+  static constexpr int kRowExpBytes = kDsMla ? kM * 4 : 0;           // fp8_ds_mla: q row exponents (int)
+  static constexpr int kRowStateBytes = 2 * kM * 4;                  // per row: O rescale factor, final max
+  static constexpr int kRedSStride = kN + 8;                         // floats: conflict-free float2 rows
+  static constexpr int kRedSBytes = kSplitDimsQK ? 4 * 16 * kRedSStride * 4 : 0;  // partial S per dim group
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + kQBytes;
   static constexpr int kOffRaw = kOffK + kKBuffers * kKTileBytes;
   static constexpr int kOffP = kOffRaw + kRawBytes;
   static constexpr int kOffRed = kOffP + kPBytes;
   static constexpr int kOffValid = kOffRed + kRedBytes;
-  static constexpr int kSmemBytes = kOffValid + kValidBytes;
-  static_assert(kOffRaw % 16 == 0 && kOffP % 16 == 0 && kOffRed % 16 == 0);
+  static constexpr int kOffKScale = kOffValid + kValidBytes;
+  static constexpr int kOffRowExp = kOffKScale + kKScaleBytes;
+  static constexpr int kOffRowState = kOffRowExp + kRowExpBytes;
+  static constexpr int kOffRedS = kOffRowState + kRowStateBytes;
+  static constexpr int kSmemBytes = kOffRedS + kRedSBytes;
+  static_assert(kOffRaw % 16 == 0 && kOffP % 16 == 0 && kOffRed % 16 == 0 && kOffKScale % 16 == 0 && kOffRedS % 16 == 0);
 };
 
 // Byte offset of 16-byte chunk c of row r in a swizzled tile with kRowChunks chunks per row.
@@ -88,13 +122,16 @@ template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     sparse_decode_portable_kernel(const __grid_constant__ SparseDecodeParams p) {
   constexpr int kM = Cfg::kM, kN = Cfg::kN, kChunks = Cfg::kChunks;
+  using KvT = typename Cfg::KvT;
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* s_q = smem + Cfg::kOffQ;
   uint8_t* s_k = smem + Cfg::kOffK;
   uint8_t* s_raw = smem + Cfg::kOffRaw;
   uint8_t* s_p = smem + Cfg::kOffP;
-  float* s_red = reinterpret_cast<float*>(smem + Cfg::kOffRed);     // [kColGroups][kM]
-  int* s_valid = reinterpret_cast<int*>(smem + Cfg::kOffValid);     // [kValidSlots][kN]
+  float* s_red = reinterpret_cast<float*>(smem + Cfg::kOffRed);         // [kColGroups][kM]
+  int* s_valid = reinterpret_cast<int*>(smem + Cfg::kOffValid);         // [kValidSlots][kN]
+  float* s_kscale = reinterpret_cast<float*>(smem + Cfg::kOffKScale);   // [kN][4] (fp8_ds_mla)
+  int* s_row_exp = reinterpret_cast<int*>(smem + Cfg::kOffRowExp);      // [kM] (fp8_ds_mla)
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int row_group = warp / Cfg::kColGroups, col_group = warp % Cfg::kColGroups;
@@ -121,6 +158,52 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const bool ok = h0 + r < p.h_q;
       const void* src = ok ? static_cast<const void*>(q + (h0 + r) * p.stride_q_h + 8 * c) : p.q;
       sm80::cp_async16(sm80::smem_addr(s_q + swz<kChunks>(r, c)), src, ok);
+    }
+  };
+  // fp8_ds_mla: q rows in place to q' = q 2^-e_r, fp16 for kv_c (the e4m3 operand type) and bf16
+  // for q_pe; e_r puts max |q_r| in [2^14, 2^15), so q' equals q but for values 2^-28 below the
+  // row's largest (fp16 subnormals). 2^e_r goes into the row's softmax scale. Warp w takes rows
+  // w, w + 8, ...: the row's lanes find its exponent and convert it, no barrier in between.
+  auto prepare_q_fp16 = [&]() {
+    for (int r = warp; r < kM; r += Cfg::kWarps) {
+      uint4 v[3];
+      float mx = 0.f;
+#pragma unroll
+      for (int j = 0; j < 3; ++j) {
+        const int c = lane + 32 * j;
+        if (c < kChunks) {
+          v[j] = *reinterpret_cast<const uint4*>(s_q + swz<kChunks>(r, c));
+          const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float2 f = __bfloat1622float2(h[k]);
+            mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+          }
+        }
+      }
+#pragma unroll
+      for (int d = 16; d >= 1; d /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+      int e = 0;
+      if (mx > 0.f && mx <= 3.0e38f) {
+        frexpf(mx, &e);
+        e = max(e - 15, -120);  // mx 2^-e in [2^14, 2^15); 2^-e stays a normal float
+      }
+      const float f = e4m3::pow2(-e);
+#pragma unroll
+      for (int j = 0; j < 3; ++j) {
+        const int c = lane + 32 * j;
+        if (c < kChunks) {
+          const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
+          uint32_t w[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float2 x = __bfloat1622float2(h[k]);
+            w[k] = c < kKvLoraRank / 8 ? sm80::pack2<__half>(x.x * f, x.y * f) : sm80::pack2<__nv_bfloat16>(x.x * f, x.y * f);
+          }
+          *reinterpret_cast<uint4*>(s_q + swz<kChunks>(r, c)) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+      }
+      if (lane == 0) s_row_exp[r] = e;
     }
   };
   // One tile of gathered rows: 4 threads per row, each issues its row's chunks part, part + 4, ...
@@ -159,74 +242,272 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
   };
-  // fp8_ds_mla staging -> bf16 K tile: kv_c e4m3 * its tile's fp32 scale (any finite value), k_pe
-  // copied. 40 work items per row: 32 chunks of 16 e4m3, then 8 chunks of k_pe.
+  // fp8_ds_mla staging -> K tile: kv_c e4m3 -> fp16 (exact, one cvt per two values, no scale),
+  // k_pe copied (bf16); the 4 tile scales per key go to s_kscale and are applied to the partial
+  // scores and to P (see compute_tile). Fixed work per thread, no branches: lane c converts 16-byte
+  // chunk c of rows warp + 8 j (8 rows, loaded 4 at a time so the shared loads overlap), then
+  // copies 2 of the 512 k_pe chunks.
   auto dequant_tile = [&](const uint8_t* s_stage) {
-    for (int i = tid; i < kN * 40; i += Cfg::kThreads) {
-      const int r = i / 40, c = i % 40;
-      const uint8_t* raw = s_stage + r * kDsMlaRowBytes;
-      if (c < 32) {
-        const uint4 v = *reinterpret_cast<const uint4*>(raw + 16 * c);
-        const float scale = *reinterpret_cast<const float*>(raw + kDsMlaScaleOffset + 4 * (c / 8));
-        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-        uint32_t packed[8];
+    const int c = lane;
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
+    for (int j0 = 0; j0 < kN / Cfg::kWarps; j0 += 4) {
+      uint4 v[4];
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(words[w] >> (16 * h));
-            const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-            packed[2 * w + h] = sm80::pack2<__nv_bfloat16>(f.x * scale, f.y * scale);
-          }
+      for (int j = 0; j < 4; ++j) {
+        v[j] = *reinterpret_cast<const uint4*>(s_stage + (warp + 8 * (j0 + j)) * kDsMlaRowBytes + 16 * c);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int r = warp + 8 * (j0 + j);
+        uint32_t h[8];
+        e4m3::x4_to_f16x2x2(v[j].x, h[0], h[1]);
+        e4m3::x4_to_f16x2x2(v[j].y, h[2], h[3]);
+        e4m3::x4_to_f16x2x2(v[j].z, h[4], h[5]);
+        e4m3::x4_to_f16x2x2(v[j].w, h[6], h[7]);
+        // Output chunks 2c, 2c + 1; lanes c / 4 odd store the odd one first, so that the 8 lanes
+        // of each store phase hit 8 different 16-byte bank groups.
+        const int first = (c >> 2) & 1;
+        const uint4 lo = make_uint4(h[0], h[1], h[2], h[3]), hi = make_uint4(h[4], h[5], h[6], h[7]);
+        *reinterpret_cast<uint4*>(s_k + swz<kChunks>(r, 2 * c + first)) = first ? hi : lo;
+        *reinterpret_cast<uint4*>(s_k + swz<kChunks>(r, 2 * c + 1 - first)) = first ? lo : hi;
+      }
+    }
+    static_assert(kN * 8 == 2 * Cfg::kThreads, "k_pe: two chunks per thread");
+    uint4 pe[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int i = tid + Cfg::kThreads * j;
+      pe[j] = *reinterpret_cast<const uint4*>(s_stage + (i / 8) * kDsMlaRowBytes + kDsMlaRopeOffset + 16 * (i % 8));
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int i = tid + Cfg::kThreads * j;
+      *reinterpret_cast<uint4*>(s_k + swz<kChunks>(i / 8, 64 + i % 8)) = pe[j];
+    }
+    if (tid < kN) {
+      reinterpret_cast<float4*>(s_kscale)[tid] = *reinterpret_cast<const float4*>(s_stage + tid * kDsMlaRowBytes + kDsMlaScaleOffset);
+    }
+  };
+
+  // ---- per-thread state --------------------------------------------------------------------
+  // Softmax (QK^T layout): rows r0 = 16 row_group + lane / 4 and r0 + 8.
+  float m_run[2] = {-INFINITY, -INFINITY};  // running max, log2 domain (score * scale * log2 e)
+  float l_run[2] = {0.f, 0.f};              // this thread's share of the row sum
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  float row_scale[2] = {scale_log2, scale_log2};  // fp8_ds_mla: times 2^e of the row
+  const int r0 = row_group * 16 + lane / 4;
+  const int bar_id = 1 + row_group;                // warps sharing rows sync on their own barrier
+  constexpr int kBarThreads = 32 * Cfg::kColGroups;
+  float* s_corr = reinterpret_cast<float*>(smem + Cfg::kOffRowState);  // [kM] O rescale of this tile
+  float* s_mfin = s_corr + kM;                                         // [kM] final row max
+  // PV (all rows, 64 columns per warp): O[m-tile][n-tile] holds rows 16 mt + lane / 4 (+ 8),
+  // columns col0 + 8 n + 2 (lane % 4) (+ 1).
+  float o[Cfg::kPvMTiles][Cfg::kOTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kPvMTiles; ++mt)
+#pragma unroll
+    for (int n = 0; n < Cfg::kOTiles; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+  const int col0 = 64 * warp;
+  // fp8_ds_mla: R = running max |scale| of the 128-wide tile vt holding this warp's columns; O holds
+  // sum_k P[k] scale[k, vt] / R * v8[k], rescaled when R grows (like the softmax max).
+  const int vt = warp / 2;
+  float v_ref = 0.f;
+  // 16-head tiles: the warp's Q fragments (dim group g = warp % 4), loaded once Q is ready.
+  constexpr int kQf = Cfg::kSplitDimsQK ? 9 : 1;
+  uint32_t qf[kQf][4];
+  auto load_q_frags = [&]() {
+    if constexpr (Cfg::kE4m3Frags) {
+      // Permuted k: thread (grp, qd) holds dims d + 4 qd .. + 3 of rows grp and grp + 8 for every
+      // k-step (a0/a1 = dims +0, +1; a2/a3 = dims +2, +3), matching one 32-bit load of 4 e4m3 bytes.
+      const int g = warp % 4, grp = lane / 4, qd = lane % 4;
+#pragma unroll
+      for (int st = 0; st < 9; ++st) {
+        const int d = (st < 8 ? 128 * g + 16 * st : kKvLoraRank + 16 * g) + 4 * qd;
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const uint2 v = *reinterpret_cast<const uint2*>(s_q + swz<kChunks>(grp + 8 * rr, d / 8) + 2 * (d % 8));
+          qf[st][rr] = v.x;
+          qf[st][2 + rr] = v.y;
         }
-        *reinterpret_cast<uint4*>(s_k + swz<kChunks>(r, 2 * c)) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-        *reinterpret_cast<uint4*>(s_k + swz<kChunks>(r, 2 * c + 1)) = make_uint4(packed[4], packed[5], packed[6], packed[7]);
-      } else {
-        const int rc = c - 32;
-        *reinterpret_cast<uint4*>(s_k + swz<kChunks>(r, 64 + rc)) =
-            *reinterpret_cast<const uint4*>(raw + kDsMlaRopeOffset + 16 * rc);
+      }
+    } else if constexpr (Cfg::kSplitDimsQK) {
+      const int g = warp % 4;
+#pragma unroll
+      for (int st = 0; st < 9; ++st) {
+        const int kk = Cfg::kDsMla ? (st < 8 ? 8 * g + st : kKvLoraRank / 16 + g) : 9 * g + st;
+        sm80::ldmatrix_x4(qf[st], sm80::smem_addr(s_q) + swz<kChunks>(lane % 16, 2 * kk + lane / 16));
       }
     }
   };
 
-  // ---- per-warp state: 2 rows per thread (lane / 4 and lane / 4 + 8 of the warp's 16) -----
-  float o[Cfg::kOTiles][4];
-#pragma unroll
-  for (int n = 0; n < Cfg::kOTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY};  // running max, log2 domain (score * scale * log2 e)
-  float l_run[2] = {0.f, 0.f};              // this thread's share of the row sum
-  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  const int a_row = row_group * 16 + (lane % 16);  // ldmatrix row of the A operand (Q or P)
-  const int a_chunk = lane / 16;
-  const int bar_id = 1 + row_group;                // warps sharing rows sync on their own barrier
-  constexpr int kBarThreads = 32 * Cfg::kColGroups;
-
-  // One 64-key tile: S = Q K^T on this warp's keys, online softmax with the row max shared
-  // across the column groups, P to shared memory, O += P V on this warp's output columns.
+  // One 64-key tile: S = Q K^T, online softmax with the row max shared across the column groups,
+  // P to shared memory, O += P V on this warp's output columns.
   auto compute_tile = [&](const uint8_t* s_kt, int valid_slot) {
     const uint32_t q_base = sm80::smem_addr(s_q), k_base = sm80::smem_addr(s_kt), p_base = sm80::smem_addr(s_p);
-    float sc[Cfg::kSTiles][4];
-#pragma unroll
-    for (int j = 0; j < Cfg::kSTiles; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
     const int key0 = col_group * Cfg::kKeysPerWarp;
-#pragma unroll 4
-    for (int kk = 0; kk < kChunks / 2; ++kk) {
+    const int grp = lane / 4, qd = lane % 4;
+    // fp8_ds_mla tile scale t of key k: in the staging rows (e4m3 fragments) or s_kscale.
+    auto kscale = [&](int k, int t) -> float {
+      if constexpr (Cfg::kE4m3Frags) return *reinterpret_cast<const float*>(s_kt + k * kDsMlaRowBytes + kDsMlaScaleOffset + 4 * t);
+      else return s_kscale[4 * k + t];
+    };
+    // B fragments of two n8 tiles (keys key .. key + 15 as addressed by this lane), k-step kk.
+    auto ldmatrix_k16 = [&](uint32_t (&bk)[4], int key16, int kk) {
+      const int key = key16 + (lane / 16) * 8 + lane % 8;
+      sm80::ldmatrix_x4(bk, k_base + swz<kChunks>(key, 2 * kk + (lane / 8) % 2));
+    };
+    // One 16-dim k-step (chunks 2 kk, 2 kk + 1) of acc += Q K^T on the warp's keys, operand type T.
+    auto qk_step = [&](auto type_tag, float (&acc)[Cfg::kSTiles][4], int kk) {
+      using T = decltype(type_tag);
       uint32_t a[4];
-      sm80::ldmatrix_x4(a, q_base + swz<kChunks>(a_row, 2 * kk + a_chunk));
+      sm80::ldmatrix_x4(a, q_base + swz<kChunks>(row_group * 16 + lane % 16, 2 * kk + lane / 16));
       if constexpr (Cfg::kSTiles == 1) {
         uint32_t bk[2];
         sm80::ldmatrix_x2(bk, k_base + swz<kChunks>(key0 + lane % 8, 2 * kk + (lane / 8) % 2));
-        sm80::mma_16816<__nv_bfloat16>(sc[0], a, bk[0], bk[1]);
+        sm80::mma_16816<T>(acc[0], a, bk[0], bk[1]);
       } else {
 #pragma unroll
         for (int n16 = 0; n16 < Cfg::kSTiles / 2; ++n16) {
           uint32_t bk[4];
-          const int key = key0 + 16 * n16 + (lane / 16) * 8 + lane % 8;
-          sm80::ldmatrix_x4(bk, k_base + swz<kChunks>(key, 2 * kk + (lane / 8) % 2));
-          sm80::mma_16816<__nv_bfloat16>(sc[2 * n16], a, bk[0], bk[1]);
-          sm80::mma_16816<__nv_bfloat16>(sc[2 * n16 + 1], a, bk[2], bk[3]);
+          ldmatrix_k16(bk, key0 + 16 * n16, kk);
+          sm80::mma_16816<T>(acc[2 * n16], a, bk[0], bk[1]);
+          sm80::mma_16816<T>(acc[2 * n16 + 1], a, bk[2], bk[3]);
         }
       }
+    };
+    float sc[Cfg::kSTiles][4];
+#pragma unroll
+    for (int j = 0; j < Cfg::kSTiles; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+    constexpr int kC = Cfg::kChains;
+    if constexpr (Cfg::kSplitDimsQK) {
+      // 16-head tile: partial S of dim group g for keys 32 kh .. + 31 (4 n8 tiles), then the sum
+      // over the four groups through shared memory.
+      const int g = warp % 4, kh = warp / 4;
+      float part[4][4];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) part[nt][0] = part[nt][1] = part[nt][2] = part[nt][3] = 0.f;
+      constexpr int kSteps = Cfg::kDsMla ? 8 : 9;  // fp8_ds_mla: + 1 bf16 k_pe step after the scale
+      if constexpr (Cfg::kE4m3Frags) {
+        // B = 4 e4m3 bytes of key 32 kh + 8 nt + grp at dims 128 g + 16 st + 4 qd (one load,
+        // conflict-free: rows are 656 B = 164 words apart, so bank = 4 grp + qd + const).
+#pragma unroll
+        for (int st = 0; st < kSteps; ++st) {
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            const int key = 32 * kh + 8 * nt + grp;
+            uint32_t b0, b1;
+            e4m3::x4_to_f16x2x2(e4m3::lds32(k_base + key * kDsMlaRowBytes + 128 * g + 16 * st + 4 * qd), b0, b1);
+            sm80::mma_16816<__half>(part[nt], qf[st], b0, b1);
+          }
+        }
+      } else {
+#pragma unroll
+      for (int st = 0; st < kSteps; ++st) {
+        const int kk = Cfg::kDsMla ? 8 * g + st : 9 * g + st;
+#pragma unroll
+        for (int n16 = 0; n16 < 2; ++n16) {
+          uint32_t bk[4];
+          ldmatrix_k16(bk, 32 * kh + 16 * n16, kk);
+          sm80::mma_16816<KvT>(part[2 * n16], qf[st], bk[0], bk[1]);
+          sm80::mma_16816<KvT>(part[2 * n16 + 1], qf[st], bk[2], bk[3]);
+        }
+      }
+      }
+      if constexpr (Cfg::kDsMla) {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int key = 32 * kh + 8 * nt + 2 * qd;
+          const float s0 = kscale(key, g), s1 = kscale(key + 1, g);
+          part[nt][0] *= s0, part[nt][1] *= s1, part[nt][2] *= s0, part[nt][3] *= s1;
+        }
+      }
+      if constexpr (Cfg::kE4m3Frags) {
+        // k_pe (bf16 in the row): dims 16 g + 4 qd .. + 3 of key 32 kh + 8 nt + grp, one 64-bit load.
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int key = 32 * kh + 8 * nt + grp;
+          const uint2 w = e4m3::lds64(k_base + key * kDsMlaRowBytes + kDsMlaRopeOffset + 2 * (16 * g + 4 * qd));
+          sm80::mma_16816<__nv_bfloat16>(part[nt], qf[8], w.x, w.y);
+        }
+      } else if constexpr (Cfg::kDsMla) {
+#pragma unroll
+        for (int n16 = 0; n16 < 2; ++n16) {
+          uint32_t bk[4];
+          ldmatrix_k16(bk, 32 * kh + 16 * n16, kKvLoraRank / 16 + g);
+          sm80::mma_16816<__nv_bfloat16>(part[2 * n16], qf[8], bk[0], bk[1]);
+          sm80::mma_16816<__nv_bfloat16>(part[2 * n16 + 1], qf[8], bk[2], bk[3]);
+        }
+      }
+      float* red_s = reinterpret_cast<float*>(smem + Cfg::kOffRedS);  // [4 groups][16 rows][kRedSStride]
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int key = 32 * kh + 8 * nt + 2 * (lane % 4);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          *reinterpret_cast<float2*>(red_s + (g * 16 + lane / 4 + 8 * h) * Cfg::kRedSStride + key) =
+              make_float2(part[nt][2 * h], part[nt][2 * h + 1]);
+        }
+      }
+      sm80::named_barrier(bar_id, kBarThreads);  // (all 8 warps)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int gg = 0; gg < 4; ++gg) {
+          const float2 v = *reinterpret_cast<const float2*>(red_s + (gg * 16 + lane / 4 + 8 * h) * Cfg::kRedSStride +
+                                                            key0 + 2 * (lane % 4));
+          sc[0][2 * h] += v.x;
+          sc[0][2 * h + 1] += v.y;
+        }
+      }
+    } else if constexpr (!Cfg::kDsMla) {
+      // 36 bf16 k-steps over kC independent accumulators.
+      float acc[kC][Cfg::kSTiles][4];
+#pragma unroll
+      for (int c = 0; c < kC; ++c)
+#pragma unroll
+        for (int j = 0; j < Cfg::kSTiles; ++j) acc[c][j][0] = acc[c][j][1] = acc[c][j][2] = acc[c][j][3] = 0.f;
+#pragma unroll 4
+      for (int kk = 0; kk < kChunks / 2; kk += kC) {
+#pragma unroll
+        for (int c = 0; c < kC; ++c) qk_step(__nv_bfloat16{}, acc[c], kk + c);
+      }
+#pragma unroll
+      for (int c = 0; c < kC; ++c)
+#pragma unroll
+        for (int j = 0; j < Cfg::kSTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sc[j][e] += acc[c][j][e];
+    } else {
+      // kv_c: 4 scale tiles of 128 dims (8 fp16 k-steps each), kC tiles at a time in independent
+      // accumulators; each partial times its key's fp32 tile scale. Then k_pe (4 bf16 k-steps,
+      // unscaled) accumulates on top.
+#pragma unroll 1  // (unrolled, the 64-head tile's MMA operands outgrow the 255 registers)
+      for (int t0 = 0; t0 < 4; t0 += kC) {
+        float acc[kC][Cfg::kSTiles][4];
+#pragma unroll
+        for (int c = 0; c < kC; ++c)
+#pragma unroll
+          for (int j = 0; j < Cfg::kSTiles; ++j) acc[c][j][0] = acc[c][j][1] = acc[c][j][2] = acc[c][j][3] = 0.f;
+#pragma unroll
+        for (int st = 0; st < 8; ++st) {
+#pragma unroll
+          for (int c = 0; c < kC; ++c) qk_step(__half{}, acc[c], 8 * (t0 + c) + st);
+        }
+#pragma unroll
+        for (int c = 0; c < kC; ++c) {
+#pragma unroll
+          for (int j = 0; j < Cfg::kSTiles; ++j) {
+            const int key = key0 + 8 * j + 2 * (lane % 4);
+            const float s0 = s_kscale[4 * key + t0 + c], s1 = s_kscale[4 * (key + 1) + t0 + c];
+            sc[j][0] = fmaf(acc[c][j][0], s0, sc[j][0]);
+            sc[j][1] = fmaf(acc[c][j][1], s1, sc[j][1]);
+            sc[j][2] = fmaf(acc[c][j][2], s0, sc[j][2]);
+            sc[j][3] = fmaf(acc[c][j][3], s1, sc[j][3]);
+          }
+        }
+      }
+#pragma unroll
+      for (int kk = kKvLoraRank / 16; kk < kChunks / 2; ++kk) qk_step(__nv_bfloat16{}, sc, kk);
     }
     // Mask with selects (never multiply: a masked score must not turn into NaN), scale.
     const int* valid = s_valid + valid_slot * kN;
@@ -236,7 +517,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = key0 + 8 * j + 2 * (lane % 4) + (e & 1);
-        sc[j][e] = valid[key] ? sc[j][e] * scale_log2 : -INFINITY;
+        sc[j][e] = valid[key] ? sc[j][e] * row_scale[e / 2] : -INFINITY;
         mx[e / 2] = fmaxf(mx[e / 2], sc[j][e]);
       }
     }
@@ -245,13 +526,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
     }
-    const int r0 = row_group * 16 + lane / 4;
     if (lane % 4 == 0) {
       s_red[col_group * kM + r0] = mx[0];
       s_red[col_group * kM + r0 + 8] = mx[1];
     }
+    // fp8_ds_mla: R of this warp's scale tile (registers only: overlaps the barrier wait).
+    float v_rescale = 1.f, v_inv = 1.f;
+    if constexpr (Cfg::kDsMla) e4m3::update_scale_ref(kscale(lane, vt), kscale(lane + 32, vt), v_ref, v_rescale, v_inv);
     sm80::named_barrier(bar_id, kBarThreads);
-    float m_use[2], corr[2];
+    float m_use[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       float tile_max = -INFINITY;
@@ -259,9 +542,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int g = 0; g < Cfg::kColGroups; ++g) tile_max = fmaxf(tile_max, s_red[g * kM + r0 + 8 * i]);
       const float m_new = fmaxf(m_run[i], tile_max);
       m_use[i] = m_new == -INFINITY ? 0.f : m_new;  // all masked so far: exp2(-inf - 0) = 0
-      corr[i] = exp2f(m_run[i] - m_use[i]);
+      const float corr = exp2f(m_run[i] - m_use[i]);
       m_run[i] = m_new;
-      l_run[i] *= corr[i];
+      l_run[i] *= corr;
+      if (col_group == 0 && lane % 4 == 0) s_corr[r0 + 8 * i] = corr;
     }
 #pragma unroll
     for (int j = 0; j < Cfg::kSTiles; ++j) {
@@ -270,44 +554,139 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       l_run[0] += p0 + p1;
       l_run[1] += p2 + p3;
       const int key = key0 + 8 * j + 2 * (lane % 4);
-      const uint32_t in_chunk = (key % 8) * 2;
-      *reinterpret_cast<uint32_t*>(s_p + swz<kN / 8>(r0, key / 8) + in_chunk) = sm80::pack2<__nv_bfloat16>(p0, p1);
-      *reinterpret_cast<uint32_t*>(s_p + swz<kN / 8>(r0 + 8, key / 8) + in_chunk) = sm80::pack2<__nv_bfloat16>(p2, p3);
+      if constexpr (Cfg::kE4m3Frags) {
+        // keys key, key + 1 (key % 8 = 2 qd) at their permuted places
+        __half* pt = reinterpret_cast<__half*>(s_p);
+        const int pos0 = 8 * (key / 8) + 2 * ((2 * qd) % 4) + qd / 2, pos1 = 8 * (key / 8) + 2 * ((2 * qd + 1) % 4) + qd / 2;
+        pt[r0 * Cfg::kPStride + pos0] = __float2half_rn(p0);
+        pt[r0 * Cfg::kPStride + pos1] = __float2half_rn(p1);
+        pt[(r0 + 8) * Cfg::kPStride + pos0] = __float2half_rn(p2);
+        pt[(r0 + 8) * Cfg::kPStride + pos1] = __float2half_rn(p3);
+      } else {
+        const uint32_t in_chunk = (key % 8) * 2;
+        *reinterpret_cast<uint32_t*>(s_p + swz<kN / 8>(r0, key / 8) + in_chunk) = sm80::pack2<KvT>(p0, p1);
+        *reinterpret_cast<uint32_t*>(s_p + swz<kN / 8>(r0 + 8, key / 8) + in_chunk) = sm80::pack2<KvT>(p2, p3);
+      }
     }
+    __syncthreads();  // P and the rescale factors of all rows written (PV takes all rows)
+    // O *= exp2(m_old - m_new) R_old / R_new per row; most tiles change neither: skip then.
+    float corr[Cfg::kPvMTiles][2];
+    bool unit = v_rescale == 1.f;
 #pragma unroll
-    for (int n = 0; n < Cfg::kOTiles; ++n) {
-      o[n][0] *= corr[0];
-      o[n][1] *= corr[0];
-      o[n][2] *= corr[1];
-      o[n][3] *= corr[1];
+    for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        corr[mt][i] = s_corr[16 * mt + lane / 4 + 8 * i];
+        unit = unit && corr[mt][i] == 1.f;
+      }
     }
-    sm80::named_barrier(bar_id, kBarThreads);  // P of all column groups written
-    // O += P V: V is the first 512 columns of the same rows, read transposed by ldmatrix.
-    const int col0 = col_group * Cfg::kOutCols;
+    if (!__all_sync(0xffffffffu, unit)) {
+#pragma unroll
+      for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
+        const float c0 = corr[mt][0] * v_rescale, c1 = corr[mt][1] * v_rescale;
+#pragma unroll
+        for (int n = 0; n < Cfg::kOTiles; ++n) {
+          o[mt][n][0] *= c0;
+          o[mt][n][1] *= c0;
+          o[mt][n][2] *= c1;
+          o[mt][n][3] *= c1;
+        }
+      }
+    }
+    // O += P V: V is the first 512 columns of the same rows, read transposed by ldmatrix once per
+    // warp and used for all m-tiles. fp8_ds_mla: A = P' = P scale[k, vt] / R in fp16 (|P'| <= 1).
+    if constexpr (Cfg::kE4m3Frags) {
+      // k-step of 16 keys: thread qd holds keys 16 ks + qd + {0, 4 | 8, 12}; column n of n-tile j
+      // (of a set of 4 covering 32 dims) is dim 4 n + j, so one 32-bit load per key (4 bytes:
+      // dims 4 grp .. + 3) gives four n-tiles after a byte regroup. C then holds dims
+      // 32 S + 8 qd + {j, 4 + j}: o[0][4 S + j].
+      const __half* pt = reinterpret_cast<const __half*>(s_p);
+#pragma unroll
+      for (int ks = 0; ks < kN / 16; ++ks) {
+        uint32_t pa[4];
+        e4m3::load_pv_a<Cfg::kPStride>(pt, ks, lane, pa);
+        const int k = 16 * ks + qd;
+        const __half2 s01 = __floats2half2_rn(kscale(k, vt) * v_inv, kscale(k + 4, vt) * v_inv);
+        const __half2 s23 = __floats2half2_rn(kscale(k + 8, vt) * v_inv, kscale(k + 12, vt) * v_inv);
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          pa[rr] = e4m3::hmul2_bits(pa[rr], s01);
+          pa[2 + rr] = e4m3::hmul2_bits(pa[2 + rr], s23);
+        }
+#pragma unroll
+        for (int S = 0; S < 2; ++S) {
+          uint32_t w[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) w[e] = e4m3::lds32(k_base + (k + 4 * e) * kDsMlaRowBytes + col0 + 32 * S + 4 * grp);
+          uint32_t b0[4], b1[4];
+          e4m3::regroup_pv_b(w, b0, b1);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) sm80::mma_16816<__half>(o[0][4 * S + j], pa, b0[j], b1[j]);
+        }
+      }
+    } else {
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
-      uint32_t a[4];
-      sm80::ldmatrix_x4(a, p_base + swz<kN / 8>(a_row, 2 * kk + a_chunk));
+      uint32_t a[Cfg::kPvMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
+        sm80::ldmatrix_x4(a[mt], p_base + swz<kN / 8>(16 * mt + lane % 16, 2 * kk + lane / 16));
+      }
+      if constexpr (Cfg::kDsMla) {
+        const int k = 16 * kk + 2 * (lane % 4);  // a[.][0/1]: keys k, k + 1; a[.][2/3]: keys k + 8, k + 9
+        const float* ks = s_kscale + 4 * k + vt;
+        const __half2 s01 = __floats2half2_rn(ks[0] * v_inv, ks[4] * v_inv);
+        const __half2 s89 = __floats2half2_rn(ks[32] * v_inv, ks[36] * v_inv);
+#pragma unroll
+        for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
+          a[mt][0] = e4m3::hmul2_bits(a[mt][0], s01);
+          a[mt][1] = e4m3::hmul2_bits(a[mt][1], s01);
+          a[mt][2] = e4m3::hmul2_bits(a[mt][2], s89);
+          a[mt][3] = e4m3::hmul2_bits(a[mt][3], s89);
+        }
+      }
       const int key = 16 * kk + lane % 8 + ((lane / 8) % 2) * 8;
 #pragma unroll
       for (int n16 = 0; n16 < Cfg::kOTiles / 2; ++n16) {
         uint32_t bv[4];
         sm80::ldmatrix_x4_trans(bv, k_base + swz<kChunks>(key, (col0 + 16 * n16) / 8 + lane / 16));
-        sm80::mma_16816<__nv_bfloat16>(o[2 * n16], a, bv[0], bv[1]);
-        sm80::mma_16816<__nv_bfloat16>(o[2 * n16 + 1], a, bv[2], bv[3]);
+#pragma unroll
+        for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
+          sm80::mma_16816<KvT>(o[mt][2 * n16], a[mt], bv[0], bv[1]);
+          sm80::mma_16816<KvT>(o[mt][2 * n16 + 1], a[mt], bv[2], bv[3]);
+        }
       }
+    }
     }
   };
 
+  // fp8_ds_mla, once this thread's Q chunks have landed: q' in place (all threads), the rows'
+  // softmax scales times 2^e_r, the Q fragments of 16-head tiles.
+  auto start_q_fp16 = [&]() {
+    __syncthreads();  // everyone's Q chunks
+    prepare_q_fp16();
+    __syncthreads();
+    row_scale[0] = ldexpf(scale_log2, s_row_exp[r0]);
+    row_scale[1] = ldexpf(scale_log2, s_row_exp[r0 + 8]);
+    load_q_frags();
+  };
+
   // ---- main loop ------------------------------------------------------------------------
-  if (num_tiles > 0) load_q();
   if constexpr (!Cfg::kDsMla) {
     // bf16 rows go straight into the K buffers; kStages - 1 tiles are in flight during compute.
+    // Q has its own cp.async group (16-head tiles read their Q fragments once, before the loop).
     constexpr int kS = Cfg::kStages;
+    if (num_tiles > 0) load_q();
+    sm80::cp_async_commit();
 #pragma unroll
     for (int i = 0; i < kS - 1; ++i) {
       if (i < num_tiles) load_tile(tile_begin + i, s_k + i * Cfg::kKTileBytes, i & 1);
       sm80::cp_async_commit();
+    }
+    if (Cfg::kSplitDimsQK && num_tiles > 0) {
+      sm80::cp_async_wait<kS - 1>();  // this thread's Q chunks
+      __syncthreads();
+      load_q_frags();
     }
     for (int t = 0; t < num_tiles; ++t) {
       const int next = t + kS - 1;
@@ -318,15 +697,46 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       compute_tile(s_k + (t % kS) * Cfg::kKTileBytes, t & 1);
       __syncthreads();  // everyone done with buffer t % kS before it is refilled
     }
+  } else if constexpr (Cfg::kE4m3Frags) {
+    // fp8_ds_mla, e4m3 fragments: the warps compute on the staging rows themselves; kStages - 1
+    // tiles are in flight during compute. One barrier per tile: after it, tile t has landed for
+    // everyone and everyone is done with tile t - 1, whose buffer takes tile t + kStages - 1.
+    constexpr int kS = Cfg::kStages;
+    if (num_tiles > 0) load_q();
+    sm80::cp_async_commit();
+#pragma unroll
+    for (int i = 0; i < kS - 1; ++i) {
+      if (i < num_tiles) load_tile(tile_begin + i, s_raw + i * Cfg::kRawTileBytes, i);
+      sm80::cp_async_commit();
+    }
+    if (num_tiles > 0) {
+      sm80::cp_async_wait<kS - 1>();  // this thread's Q chunks
+      start_q_fp16();
+    }
+    for (int t = 0; t < num_tiles; ++t) {
+      sm80::cp_async_wait<kS - 2>();  // tile t (loads were issued up to t + kS - 2)
+      __syncthreads();
+      const int next = t + kS - 1;
+      if (next < num_tiles) load_tile(tile_begin + next, s_raw + (next % kS) * Cfg::kRawTileBytes, next % kS);
+      sm80::cp_async_commit();
+      compute_tile(s_raw + (t % kS) * Cfg::kRawTileBytes, t % kS);
+    }
   } else {
     // fp8_ds_mla: kStages tiles land in staging buffers while earlier tiles compute; each is
-    // dequantised into the one bf16 K buffer just before its math.
+    // converted into the one fp16 K buffer just before its math. Q has its own cp.async group:
+    // it is converted to fp16 while the first tiles are still in flight.
     constexpr int kS = Cfg::kStages;
     constexpr int kKValid = kS;  // validity slot of the K tile
+    if (num_tiles > 0) load_q();
+    sm80::cp_async_commit();
 #pragma unroll
     for (int i = 0; i < kS; ++i) {
       if (i < num_tiles) load_tile(tile_begin + i, s_raw + i * Cfg::kRawTileBytes, i);
       sm80::cp_async_commit();
+    }
+    if (num_tiles > 0) {
+      sm80::cp_async_wait<kS>();  // this thread's Q chunks
+      start_q_fp16();
     }
     for (int t = 0; t < num_tiles; ++t) {
       const int stage = t % kS;
@@ -342,52 +752,86 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 
   // ---- epilogue -------------------------------------------------------------------------
-  // Row sums: the 4 lanes of a row, then the column groups (same max, so plain sums).
+  // Row sums: the 4 lanes of a row, then the column groups (same max, so plain sums); the final
+  // max per row to shared memory for the PV layout.
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 1);
     l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
   }
-  const int r0 = row_group * 16 + lane / 4;
   if (lane % 4 == 0) {
     s_red[col_group * kM + r0] = l_run[0];
     s_red[col_group * kM + r0 + 8] = l_run[1];
+    if (col_group == 0) s_mfin[r0] = m_run[0], s_mfin[r0 + 8] = m_run[1];
   }
-  sm80::named_barrier(bar_id, kBarThreads);
-  const int col0 = col_group * Cfg::kOutCols + 2 * (lane % 4);
+  __syncthreads();
+  const int out_col0 = col0 + 2 * (lane % 4);
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int h = h0 + r0 + 8 * i;
-    float l_total = 0.f;
+  for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
 #pragma unroll
-    for (int g = 0; g < Cfg::kColGroups; ++g) l_total += s_red[g * kM + r0 + 8 * i];
-    if (h >= p.h_q) continue;
-    const bool any = l_total > 0.f;
-    const float inv = any ? 1.f / l_total : 0.f;
-    const float lse = any ? (m_run[i] + log2f(l_total)) * 0.6931471805599453f : -INFINITY;
-    if (p.num_splits == 1) {
-      const float f = inv * (p.attn_sink != nullptr ? sink_factor(lse, p.attn_sink[h]) : 1.f);
-      auto* out = static_cast<__nv_bfloat16*>(p.out) + ((int64_t(bs) * p.h_q + h) * kKvLoraRank + col0);
+    for (int i = 0; i < 2; ++i) {
+      const int r = 16 * mt + lane / 4 + 8 * i;
+      const int h = h0 + r;
+      if (h >= p.h_q) continue;
+      float l_total = 0.f;
 #pragma unroll
-      for (int n = 0; n < Cfg::kOTiles; ++n) {
-        *reinterpret_cast<__nv_bfloat162*>(out + 8 * n) = __floats2bfloat162_rn(o[n][2 * i] * f, o[n][2 * i + 1] * f);
+      for (int g = 0; g < Cfg::kColGroups; ++g) l_total += s_red[g * kM + r];
+      const bool any = l_total > 0.f;
+      const float inv = any ? 1.f / l_total : 0.f;
+      const float lse = any ? (s_mfin[r] + log2f(l_total)) * 0.6931471805599453f : -INFINITY;
+      // 1 / l, times R (fp8_ds_mla), times the sink factor (unsplit only; the combine applies it).
+      const float sink = p.num_splits == 1 && p.attn_sink != nullptr ? sink_factor(lse, p.attn_sink[h]) : 1.f;
+      const float f = inv * sink * (Cfg::kDsMla ? v_ref : 1.f);
+      const bool lse_writer = warp == 0 && lane % 4 == 0;
+      if constexpr (Cfg::kE4m3Frags) {
+        // o[0][4 S + j] holds dims col0 + 32 S + 8 (lane % 4) + {j, 4 + j}.
+#pragma unroll
+        for (int S = 0; S < 2; ++S) {
+          float v[8];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            v[j] = o[0][4 * S + j][2 * i] * f;
+            v[4 + j] = o[0][4 * S + j][2 * i + 1] * f;
+          }
+          const int d0 = col0 + 32 * S + 8 * (lane % 4);
+          if (p.num_splits == 1) {
+            auto* out = static_cast<__nv_bfloat16*>(p.out) + ((int64_t(bs) * p.h_q + h) * kKvLoraRank + d0);
+            *reinterpret_cast<uint4*>(out) = make_uint4(sm80::pack2<__nv_bfloat16>(v[0], v[1]), sm80::pack2<__nv_bfloat16>(v[2], v[3]),
+                                                        sm80::pack2<__nv_bfloat16>(v[4], v[5]), sm80::pack2<__nv_bfloat16>(v[6], v[7]));
+          } else {
+            const int64_t row = (int64_t(split) * p.batch * p.s_q + bs) * p.h_q + h;
+            float4* out = reinterpret_cast<float4*>(p.partial_out + row * kKvLoraRank + d0);
+            out[0] = make_float4(v[0], v[1], v[2], v[3]);
+            out[1] = make_float4(v[4], v[5], v[6], v[7]);
+          }
+        }
+        if (lse_writer) {
+          if (p.num_splits == 1) p.lse[(int64_t(b) * p.h_q + h) * p.s_q + s] = lse;
+          else p.partial_lse[(int64_t(split) * p.batch * p.s_q + bs) * p.h_q + h] = lse;
+        }
+      } else if (p.num_splits == 1) {
+        auto* out = static_cast<__nv_bfloat16*>(p.out) + ((int64_t(bs) * p.h_q + h) * kKvLoraRank + out_col0);
+#pragma unroll
+        for (int n = 0; n < Cfg::kOTiles; ++n) {
+          *reinterpret_cast<__nv_bfloat162*>(out + 8 * n) = __floats2bfloat162_rn(o[mt][n][2 * i] * f, o[mt][n][2 * i + 1] * f);
+        }
+        if (lse_writer) p.lse[(int64_t(b) * p.h_q + h) * p.s_q + s] = lse;
+      } else {
+        const int64_t row = (int64_t(split) * p.batch * p.s_q + bs) * p.h_q + h;
+        float* out = p.partial_out + row * kKvLoraRank + out_col0;
+#pragma unroll
+        for (int n = 0; n < Cfg::kOTiles; ++n) {
+          *reinterpret_cast<float2*>(out + 8 * n) = make_float2(o[mt][n][2 * i] * f, o[mt][n][2 * i + 1] * f);
+        }
+        if (lse_writer) p.partial_lse[row] = lse;
       }
-      if (col_group == 0 && lane % 4 == 0) p.lse[(int64_t(b) * p.h_q + h) * p.s_q + s] = lse;
-    } else {
-      const int64_t row = (int64_t(split) * p.batch * p.s_q + bs) * p.h_q + h;
-      float* out = p.partial_out + row * kKvLoraRank + col0;
-#pragma unroll
-      for (int n = 0; n < Cfg::kOTiles; ++n) {
-        *reinterpret_cast<float2*>(out + 8 * n) = make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-      }
-      if (col_group == 0 && lane % 4 == 0) p.partial_lse[row] = lse;
     }
   }
 }
 
-template <int kM, CacheFormat kFormat, int kStages>
+template <int kM, CacheFormat kFormat, int kStages, bool kE4m3Frags = false>
 void launch_sparse_decode_portable(const SparseDecodeParams& p) {
-  using Cfg = PortableConfig<kM, kFormat, kStages>;
+  using Cfg = PortableConfig<kM, kFormat, kStages, kE4m3Frags>;
   auto kernel = sparse_decode_portable_kernel<Cfg>;
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((p.h_q + kM - 1) / kM, p.num_splits, p.batch * p.s_q);

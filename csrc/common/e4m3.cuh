@@ -1,0 +1,78 @@
+// e4m3 -> fp16 conversion helpers for kernels that keep fp8 cache bytes and convert in registers
+// (sm89+ cvt; the portable kernels target sm90 / sm100). e4m3 values are exact in fp16, so the
+// cache's scales can stay out of the MMA operands (applied to partial sums instead).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace mla::e4m3 {
+
+// Four e4m3 bytes -> two fp16x2 (bytes 0,1 and bytes 2,3; low byte in the low half), exact.
+__device__ __forceinline__ void x4_to_f16x2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+}
+
+// PV B fragments from 4 keys' words (w[e] = 4 e4m3 bytes of key k0 + qd + 4 e, dims 4 n .. 4 n + 3):
+// b0[j] = byte j of keys e 0, 1 and b1[j] = byte j of keys e 2, 3, as fp16x2: the m16n8k16 B
+// fragment of n-tile j whose column n is dim 4 n + j, with k indices permuted to keys
+// (qd, qd + 4 | qd + 8, qd + 12).
+__device__ __forceinline__ void regroup_pv_b(const uint32_t (&w)[4], uint32_t (&b0)[4], uint32_t (&b1)[4]) {
+  x4_to_f16x2x2(__byte_perm(w[0], w[1], 0x5140), b0[0], b0[1]);
+  x4_to_f16x2x2(__byte_perm(w[0], w[1], 0x7362), b0[2], b0[3]);
+  x4_to_f16x2x2(__byte_perm(w[2], w[3], 0x5140), b1[0], b1[1]);
+  x4_to_f16x2x2(__byte_perm(w[2], w[3], 0x7362), b1[2], b1[3]);
+}
+
+// PV A fragment of k-step ks from a 16-row fp16 P tile whose key k sits at
+// 8 (k / 8) + 2 (k % 4) + (k % 8) / 4 of a row of kStride halves: keys (16 ks + qd, + 4) and
+// (+ 8, + 12) of rows grp and grp + 8, each pair one 32-bit word.
+template <int kStride>
+__device__ __forceinline__ void load_pv_a(const __half* p, int ks, int lane, uint32_t (&pa)[4]) {
+  const int grp = lane / 4, qd = lane % 4;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const __half* prow = p + (grp + 8 * rr) * kStride + 16 * ks + 2 * qd;
+    pa[rr] = *reinterpret_cast<const uint32_t*>(prow);
+    pa[2 + rr] = *reinterpret_cast<const uint32_t*>(prow + 8);
+  }
+}
+
+// Scales out of the PV operands: R = running max |scale| of a scale tile over the keys seen, here
+// grown by a 64-key tile (scales a, b: keys lane and lane + 32). rescale = R_old / R_new for O
+// (1 while R was 0), inv = 1 / R_new for P' = P scale / R (0 while R is 0). Warp-uniform.
+__device__ __forceinline__ void update_scale_ref(float a, float b, float& ref, float& rescale, float& inv) {
+  float tmax = fmaxf(fabsf(a), fabsf(b));
+#pragma unroll
+  for (int d = 16; d >= 1; d /= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, d));
+  const float r_new = fmaxf(ref, tmax);
+  rescale = ref > 0.f ? ref / r_new : 1.f;
+  inv = r_new > 0.f ? 1.f / r_new : 0.f;
+  ref = r_new;
+}
+
+// Packed fp16x2 (as raw bits) times b.
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 b) {
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), b);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// 32- / 64-bit shared loads by shared-space address (fragments read straight from cache rows).
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint2 lds64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
+
+// 2^e for |e| <= 126, exactly.
+__device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) << 23); }
+
+}  // namespace mla::e4m3

@@ -1,0 +1,7 @@
+// Portable sparse decode, 16-head tiles, fp8_ds_mla cache, MMA fragments converted from the e4m3
+// staging rows in registers (no K tile): 4 staging buffers (sm90/sm100).
+#include "sparse/portable/sparse_decode_portable.cuh"
+
+namespace mla::sparse {
+template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true>(const SparseDecodeParams&);
+}  // namespace mla::sparse
