@@ -41,10 +41,15 @@ __device__ __forceinline__ void load_pv_a(const __half* p, int ks, int lane, uin
   }
 }
 
-// Scales out of the PV operands: R = running max |scale| of a scale tile over the keys seen, here
-// grown by a 64-key tile (scales a, b: keys lane and lane + 32). rescale = R_old / R_new for O
-// (1 while R was 0), inv = 1 / R_new for P' = P scale / R (0 while R is 0). Warp-uniform.
+// Scales out of the PV operands: P' = P scale / R in fp16 for one scale tile, with R raised to the
+// max |scale| seen so far whenever a key's |scale| exceeds R 2^14 (so |P'| <= 2^14), here for a
+// 64-key tile (scales a, b: keys lane and lane + 32). Usually one warp vote; only when R grows the
+// max reduction, rescale = R_old / R_new for O (1 while R was 0) and inv = 1 / R_new (0 while R
+// is 0). ref and inv persist across tiles; rescale is 1 unless R grew. Warp-uniform.
 __device__ __forceinline__ void update_scale_ref(float a, float b, float& ref, float& rescale, float& inv) {
+  rescale = 1.f;
+  const float limit = ref * 16384.f;
+  if (__all_sync(0xffffffffu, fabsf(a) <= limit && fabsf(b) <= limit)) return;
   float tmax = fmaxf(fabsf(a), fabsf(b));
 #pragma unroll
   for (int d = 16; d >= 1; d /= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, d));

@@ -39,6 +39,7 @@
 
 #include "common/arch.h"
 #include "common/cuda_check.h"
+#include "common/e4m3.cuh"
 #include "common/sm80.cuh"
 #include "decode/decode.h"
 #include "decode/portable/split_common.cuh"
@@ -96,32 +97,6 @@ struct Fp8SplitConfig {
 };
 
 __device__ __forceinline__ int key_swizzle(int key) { return ((key & 3) << 1) | ((key >> 2) & 1); }
-
-// Four e4m3 bytes -> two fp16x2 (bytes 0,1 and bytes 2,3; low byte in the low half), exact.
-__device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-      : "=r"(lo), "=r"(hi)
-      : "r"(w));
-}
-
-__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 b) {
-  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), b);
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
-
-__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ uint2 lds64(uint32_t addr) {
-  uint2 v;
-  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
-  return v;
-}
-
-// 2^e for |e| <= 126, exactly.
-__device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) << 23); }
 
 template <typename T>
 __device__ __forceinline__ float to_float(T v) {
@@ -270,7 +245,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
             for (int rr = 0; rr < 2; ++rr) {
               const T* src = reinterpret_cast<const T*>(rr == 0 ? q0 : q1) + d + 2 * half;
               const int e = rr == 0 ? e0 : e1;
-              const float a = to_float(src[0]) * pow2(-e), b = to_float(src[1]) * pow2(-e);
+              const float a = to_float(src[0]) * e4m3::pow2(-e), b = to_float(src[1]) * e4m3::pow2(-e);
               qf[s][2 * half + rr] = bf16_step ? pack2<__nv_bfloat16>(a, b) : pack2<__half>(a, b);
             }
           }
@@ -295,23 +270,9 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       const float* scales = reinterpret_cast<const float*>(st + C::kStageKeyBytes);
       const uint8_t* flags = st + C::kStageKeyBytes + C::kStageScaleBytes;
 
-      // V reference R of this warp's tile: P' = P scale / R must stay in fp16 (|P'| <= 2^14). R
-      // grows (to the max |scale| so far; o rescaled) only when a key exceeds R 2^14: one vote per
-      // tile, the max reduction only then (the first tile, or a jump in the scales).
+      // V reference R of this warp's tile (P' = P scale / R in fp16): see e4m3::update_scale_ref.
       float v_rescale = 1.f;
-      if constexpr (C::kDsMla) {
-        const float s0 = fabsf(scales[4 * lane + vt]), s1 = fabsf(scales[4 * (lane + 32) + vt]);
-        const float limit = v_ref * 16384.f;
-        if (!__all_sync(0xffffffffu, s0 <= limit && s1 <= limit)) {
-          float tmax = fmaxf(s0, s1);
-#pragma unroll
-          for (int d = 16; d >= 1; d /= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, d));
-          const float r_new = fmaxf(v_ref, tmax);
-          v_rescale = v_ref > 0.f ? v_ref / r_new : 1.f;
-          v_inv = r_new > 0.f ? 1.f / r_new : 0.f;
-          v_ref = r_new;
-        }
-      }
+      if constexpr (C::kDsMla) e4m3::update_scale_ref(scales[4 * lane + vt], scales[4 * (lane + 32) + vt], v_ref, v_rescale, v_inv);
 
       // ---- S partial = q'_g . k_g for keys 32 kh .. + 31 (four n-tiles).
       float part[4][4];
@@ -327,7 +288,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         for (int nt = 0; nt < 4; ++nt) {
           const int key = 32 * kh + 8 * nt + grp;
           uint32_t b0, b1;
-          e4m3x4_to_f16x2x2(lds32(kbase + key * C::kKeyBytes + ((chunk ^ fk) << 4) + 4 * qd), b0, b1);
+          e4m3::x4_to_f16x2x2(e4m3::lds32(kbase + key * C::kKeyBytes + ((chunk ^ fk) << 4) + 4 * qd), b0, b1);
           mma_16816<__half>(part[nt], qf[s], b0, b1);
         }
       }
@@ -343,7 +304,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           const int key = 32 * kh + 8 * nt + grp;
-          const uint2 w = lds64(kbase + key * C::kKeyBytes + ((chunk ^ fk) << 4) + 8 * (qd % 2));
+          const uint2 w = e4m3::lds64(kbase + key * C::kKeyBytes + ((chunk ^ fk) << 4) + 8 * (qd % 2));
           mma_16816<__nv_bfloat16>(part[nt], qf[C::kF16Steps], w.x, w.y);
         }
       }
@@ -418,20 +379,15 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         // A fragment: P of keys (16 ks + qd, + 4) and (+ 8, + 12), rows grp and grp + 8, times
         // scale[key, vt] / R for fp8_ds_mla.
         uint32_t pa[4];
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const __half* prow = p_tile + (grp + 8 * rr) * C::kPStride + 16 * ks + 2 * qd;
-          pa[rr] = *reinterpret_cast<const uint32_t*>(prow);
-          pa[2 + rr] = *reinterpret_cast<const uint32_t*>(prow + 8);
-        }
+        e4m3::load_pv_a<C::kPStride>(p_tile, ks, lane, pa);
         if constexpr (C::kDsMla) {
           const float* sk = scales + 4 * (16 * ks + qd) + vt;
           const __half2 v01 = __floats2half2_rn(sk[0] * v_inv, sk[16] * v_inv);
           const __half2 v23 = __floats2half2_rn(sk[32] * v_inv, sk[48] * v_inv);
 #pragma unroll
           for (int rr = 0; rr < 2; ++rr) {
-            pa[rr] = hmul2_bits(pa[rr], v01);
-            pa[2 + rr] = hmul2_bits(pa[2 + rr], v23);
+            pa[rr] = e4m3::hmul2_bits(pa[rr], v01);
+            pa[2 + rr] = e4m3::hmul2_bits(pa[2 + rr], v23);
           }
         }
 #pragma unroll
@@ -441,13 +397,10 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int key = 16 * ks + qd + 4 * e;
-            w[e] = lds32(kbase + key * C::kKeyBytes + ((chunk ^ key_swizzle(key)) << 4) + 4 * (grp % 4));
+            w[e] = e4m3::lds32(kbase + key * C::kKeyBytes + ((chunk ^ key_swizzle(key)) << 4) + 4 * (grp % 4));
           }
-          uint32_t b0[4], b1[4];  // n-tile j: byte j of keys (e 0, 1) and (e 2, 3)
-          e4m3x4_to_f16x2x2(__byte_perm(w[0], w[1], 0x5140), b0[0], b0[1]);
-          e4m3x4_to_f16x2x2(__byte_perm(w[0], w[1], 0x7362), b0[2], b0[3]);
-          e4m3x4_to_f16x2x2(__byte_perm(w[2], w[3], 0x5140), b1[0], b1[1]);
-          e4m3x4_to_f16x2x2(__byte_perm(w[2], w[3], 0x7362), b1[2], b1[3]);
+          uint32_t b0[4], b1[4];
+          e4m3::regroup_pv_b(w, b0, b1);
 #pragma unroll
           for (int j = 0; j < 4; ++j) mma_16816<__half>(o[S][j], pa, b0[j], b1[j]);
         }

@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // fp8_ds_mla: R = running max |scale| of the 128-wide tile vt holding this warp's columns; O holds
   // sum_k P[k] scale[k, vt] / R * v8[k], rescaled when R grows (like the softmax max).
   const int vt = warp / 2;
-  float v_ref = 0.f;
+  float v_ref = 0.f, v_inv = 0.f;  // fp8_ds_mla: R of this warp's scale tile and 1 / R
   // 16-head tiles: the warp's Q fragments (dim group g = warp % 4), loaded once Q is ready.
   constexpr int kQf = Cfg::kSplitDimsQK ? 9 : 1;
   uint32_t qf[kQf][4];
@@ -531,7 +531,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       s_red[col_group * kM + r0 + 8] = mx[1];
     }
     // fp8_ds_mla: R of this warp's scale tile (registers only: overlaps the barrier wait).
-    float v_rescale = 1.f, v_inv = 1.f;
+    float v_rescale = 1.f;
     if constexpr (Cfg::kDsMla) e4m3::update_scale_ref(kscale(lane, vt), kscale(lane + 32, vt), v_ref, v_rescale, v_inv);
     sm80::named_barrier(bar_id, kBarThreads);
     float m_use[2];
