@@ -1,0 +1,10 @@
+// v_up with e4m3 weights, the sm90a TMA + wgmma kernel (sm90/v_up_tma.cuh), its [BM, BN] tile
+// shapes; other targets compile it to a trap and never launch it.
+#include "absorb/sm90/v_up_tma.cuh"
+
+namespace mla::absorb {
+template bool run_v_up_tma<true, 128, 128>(const AbsorbParams&);
+template bool run_v_up_tma<true, 64, 128>(const AbsorbParams&);
+template bool run_v_up_tma<true, 128, 64>(const AbsorbParams&);
+template bool run_v_up_tma<true, 64, 64>(const AbsorbParams&);
+}  // namespace mla::absorb
