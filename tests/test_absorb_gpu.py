@@ -58,11 +58,14 @@ def test_q_absorb(t, h, fp8):
 # v_up's kernels (csrc/absorb/absorb.cu pick_v_up_kernel): "auto" is the default choice,
 # "portable" the default with MLA_EXT_FORCE_PORTABLE=1 (what sm100 runs), the others forced with
 # MLA_EXT_VUP_KERNEL so that every kernel meets every size. Token counts: the BM boundaries of the
-# kernels (16/17, 32/33, 64), the sizes where ksplit picks BN = 32 and 64 at H = 16 (128, 256),
-# the boundaries of the automatic choice (32/33 at H = 128, 512/513 at H < 96), odd sizes (7, 257)
-# and a large T with a partial last tile for every BM (4097).
-V_UP_TOKENS = (1, 7, 16, 17, 32, 33, 64, 128, 256, 257, 512, 513, 4097)
-V_UP_KERNELS = ("auto", "portable", "ksplit", "wgmma", "tma_128x128", "tma_64x128", "tma_128x64", "tma_64x64", "tiles")
+# kernels (16/17, 32/33, 64/65), the sizes where ksplit picks BN = 32 and 64 at H = 16 (128, 256),
+# the boundaries of the automatic choice (32/33, 64/65, 256/257 at H = 128; 128/129, 512/513 at
+# H < 96), odd sizes (7, 257), the issue's 4096 and a large T with a partial last tile for every
+# BM (4097).
+V_UP_TOKENS = (1, 7, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 512, 513, 4096, 4097)
+# the sm90 TMA kernel's tile shapes [BM x BN], bf16 weights by TMA or (_cpw) by cp.async
+TMA_KERNELS = ("tma_128x128", "tma_64x128", "tma_128x64", "tma_64x64", "tma_128x128_cpw", "tma_64x128_cpw", "tma_64x64_cpw")
+V_UP_KERNELS = ("auto", "portable", "ksplit", "wgmma", *TMA_KERNELS, "tiles")
 
 
 def _use_v_up_kernel(monkeypatch, kernel: str):
@@ -91,7 +94,7 @@ def test_v_up(t, h, fp8, kernel, monkeypatch):
         assert_close(out, reference.v_up(x.float(), w_uv, scale), name=f"v_up T={t} H={h} vs fp32 weights", **FP32_W_TOL)
 
 
-@pytest.mark.parametrize("kernel", ("ksplit", "wgmma", "tma_128x128", "tma_64x128", "tma_128x64", "tma_64x64", "tiles"))
+@pytest.mark.parametrize("kernel", ("ksplit", "wgmma", *TMA_KERNELS, "tiles"))
 def test_v_up_sanitizer_small(kernel, monkeypatch):
     """Small cases of each v_up kernel for compute-sanitizer (-k sanitizer): partial tiles, a
     head count that is no power of two, a padded out= buffer whose NaN must survive, and

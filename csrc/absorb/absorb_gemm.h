@@ -89,9 +89,10 @@ template <bool kFp8, int kBM, int kBN>
 void run_v_up_ksplit(const AbsorbParams& params);
 template <bool kFp8>
 void run_v_up_wgmma(const AbsorbParams& params);
-// TMA producer warp + wgmma consumer warpgroups on sm90a, [kBM, kBN] tiles (sm90/v_up_tma.cuh).
-// Returns false, launching nothing, where the driver refuses the tensor maps.
-template <bool kFp8, int kBM, int kBN>
+// TMA producer warp + wgmma consumer warpgroups on sm90a, [kBM, kBN] tiles (sm90/v_up_tma.cuh);
+// kWByCpAsync: bf16 weights by cp.async from the consumers instead of TMA. Returns false,
+// launching nothing, where the driver refuses the tensor maps.
+template <bool kFp8, int kBM, int kBN, bool kWByCpAsync>
 bool run_v_up_tma(const AbsorbParams& params);
 
 }  // namespace mla::absorb

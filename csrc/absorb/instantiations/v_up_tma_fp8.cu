@@ -3,8 +3,8 @@
 #include "absorb/sm90/v_up_tma.cuh"
 
 namespace mla::absorb {
-template bool run_v_up_tma<true, 128, 128>(const AbsorbParams&);
-template bool run_v_up_tma<true, 64, 128>(const AbsorbParams&);
-template bool run_v_up_tma<true, 128, 64>(const AbsorbParams&);
-template bool run_v_up_tma<true, 64, 64>(const AbsorbParams&);
+template bool run_v_up_tma<true, 128, 128, false>(const AbsorbParams&);
+template bool run_v_up_tma<true, 64, 128, false>(const AbsorbParams&);
+template bool run_v_up_tma<true, 128, 64, false>(const AbsorbParams&);
+template bool run_v_up_tma<true, 64, 64, false>(const AbsorbParams&);
 }  // namespace mla::absorb

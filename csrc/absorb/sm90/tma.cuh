@@ -39,6 +39,12 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   } while (!done);
 }
 
+// Fetches a tensor map (in kernel parameter space) ahead of its first use, so the first load
+// does not wait for the descriptor.
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
 // ---- bulk tensor loads global -> shared, completing `bytes` on mbarrier `bar`. Coordinates are
 // in elements, innermost first; rows outside the tensor arrive as zeros (and still count).
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {

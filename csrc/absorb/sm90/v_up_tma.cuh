@@ -39,9 +39,11 @@
 
 namespace mla::absorb {
 
-template <bool kFp8_, int kConsumers_, int kBN, int kStages_>
+template <bool kFp8_, int kConsumers_, int kBN, int kStages_, bool kWByCpAsync_>
 struct TmaVUpConfig {
   static constexpr bool kFp8 = kFp8_;
+  // bf16 weights by cp.async from the consumer threads instead of TMA loads from the producer
+  static constexpr bool kWByCpAsync = kWByCpAsync_ && !kFp8_;
   static constexpr int kConsumers = kConsumers_;  // consumer warpgroups, 64 rows each
   static constexpr int BM = 64 * kConsumers, BN = kBN, N = kVHeadDim, K = kKvLoraRank, BK = 64;
   static constexpr int kNSplit = N / BN;                  // CTAs per (head, tile): column blocks
@@ -92,6 +94,20 @@ __device__ __forceinline__ void quad_transpose(const uint32_t (&a)[4], uint32_t 
   if (q == 3) out[3] = mine;
 }
 
+// cp.async.wait_group with a count known only after unrolling (folds to one instruction there).
+__device__ __forceinline__ void cp_async_wait_dyn(int pending) {
+  switch (pending) {
+    case 0: return sm80::cp_async_wait<0>();
+    case 1: return sm80::cp_async_wait<1>();
+    case 2: return sm80::cp_async_wait<2>();
+    case 3: return sm80::cp_async_wait<3>();
+    case 4: return sm80::cp_async_wait<4>();
+    case 5: return sm80::cp_async_wait<5>();
+    case 6: return sm80::cp_async_wait<6>();
+    default: return sm80::cp_async_wait<7>();
+  }
+}
+
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) v_up_tma_kernel(const __grid_constant__ TmaVUpParams args) {
 #if MLA_SM90A
@@ -115,6 +131,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) v_up_tma_kerne
   const int my_tiles = m_split < num_tiles ? (num_tiles - 1 - m_split) / m_splits + 1 : 0;
   const int total_steps = my_tiles * kChunks;  // pieces, for the producer
 
+  if (warp == 4 * Cfg::kConsumers && lane == 0) {
+    prefetch_tensor_map(&args.x_map);
+    if (!Cfg::kFp8 && !Cfg::kWByCpAsync) prefetch_tensor_map(&args.w_map);
+  }
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_bar + 8 * s, 1);                      // the producer's arrive + the TMA bytes
@@ -139,7 +159,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) v_up_tma_kerne
       // are free, so that the whole first round is in flight at once (what small T waits for).
       int step = 0;
       for (int kc = 0; kc < kChunks; ++kc) {
-        if constexpr (!Cfg::kFp8) {
+        if constexpr (!Cfg::kFp8 && !Cfg::kWByCpAsync) {
           mbar_arrive_expect_tx(w_bar + 8 * kc, Cfg::kWChunkBytes);
           tma_load_2d(smem_w + kc * Cfg::kWChunkBytes, &args.w_map, w_bar + 8 * kc, kc * BK, h * Cfg::N + nb * BN);
         }
@@ -157,6 +177,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) v_up_tma_kerne
         smem, static_cast<const uint8_t*>(p.w) + (int64_t(h) * Cfg::N + nb * BN) * Cfg::K, p.w_scale + h * kNumLatentBlocks, tid);
     fence_proxy_async_smem();  // st.shared weights -> visible to wgmma, then across the consumers
     named_barrier(1, Cfg::kConsumerThreads);
+  } else if constexpr (Cfg::kWByCpAsync) {
+    // one cp.async group per weight tile, waited for before the first tile's piece kc
+    const auto* w = static_cast<const __nv_bfloat16*>(p.w) + (int64_t(h) * Cfg::N + nb * BN) * Cfg::K;
+#pragma unroll
+    for (int kc = 0; kc < kChunks; ++kc) {
+#pragma unroll
+      for (int e = tid; e < BN * 8; e += Cfg::kConsumerThreads)
+        cp_async16(smem_w + kc * Cfg::kWChunkBytes + swizzle(e / 8, e % 8, 8), w + (e / 8) * Cfg::K + kc * BK + (e % 8) * 8, true);
+      cp_async_commit();
+    }
   }
 
   auto* c_head = static_cast<__nv_bfloat16*>(p.c) + h * p.stride_c_head + nb * BN;
@@ -170,7 +200,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) v_up_tma_kerne
 #pragma unroll
     for (int kc = 0; kc < kChunks; ++kc) {
       const int step = i * kChunks + kc, stage = step % kStages;
-      if (!Cfg::kFp8 && i == 0) mbar_wait(w_bar + 8 * kc, 0);
+      if (i == 0) {
+        if constexpr (Cfg::kWByCpAsync) {
+          cp_async_wait_dyn(kChunks - 1 - kc);  // this thread's part of weight tile kc is in
+          fence_proxy_async_smem();
+          named_barrier(1, Cfg::kConsumerThreads);  // ... and every consumer thread's part
+        } else if constexpr (!Cfg::kFp8) {
+          mbar_wait(w_bar + 8 * kc, 0);
+        }
+      }
       mbar_wait(full_bar + 8 * stage, (step / kStages) & 1);
       const uint32_t a_stage = smem_a + stage * Cfg::kABytes + wg * (64 * 128);
       const uint32_t w_tile = smem_w + kc * Cfg::kWChunkBytes;
@@ -245,11 +283,11 @@ bool launch_v_up_tma(const AbsorbParams& p) {
   return true;
 }
 
-template <bool kFp8, int kBM, int kBN>
+template <bool kFp8, int kBM, int kBN, bool kWByCpAsync>
 bool run_v_up_tma(const AbsorbParams& p) {
   // stages: what the shared memory holds beside the weights, or 4 where two CTAs share an SM
   constexpr int kStages = kBM == 128 ? (kBN == 128 ? 6 : 10) : (kBN == 128 ? 12 : 4);
-  return launch_v_up_tma<TmaVUpConfig<kFp8, kBM / 64, kBN, kStages>>(p);
+  return launch_v_up_tma<TmaVUpConfig<kFp8, kBM / 64, kBN, kStages, kWByCpAsync>>(p);
 }
 
 }  // namespace mla::absorb
