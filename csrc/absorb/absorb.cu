@@ -33,7 +33,7 @@ void run_tiers(const AbsorbParams& p) {
   }
 }
 
-// v_up's kernels. MLA_EXT_VUP_KERNEL=ksplit|wgmma|tma_<BM>x<BN>[_cpw]|tiles forces one (tests run
+// v_up's kernels. MLA_EXT_VUP_KERNEL=ksplit|wgmma|tma128|tma64|tiles forces one (tests run
 // every kernel at every size with it; the benchmark's --sweep-v-up measures each at every size),
 // otherwise the fastest measured on the H200 at the benchmarked T (README.md has the numbers):
 //   H < 96:  T <= 128 ksplit (K split over a CTA's warps, BN for ~one CTA per SM); on sm90
@@ -42,9 +42,7 @@ void run_tiers(const AbsorbParams& p) {
 //   H >= 96: T <= 32 the tiles (one CTA per head, all of K in flight); on sm90 T <= 64 TMA
 //            64 x 128 tiles, T <= 256 the cp.async wgmma kernel, beyond TMA 128 x 128 tiles;
 //            elsewhere (sm100, MLA_EXT_FORCE_PORTABLE=1) the tiles.
-enum class VUpKernel {
-  kKSplit, kWgmma, kTma128x128, kTma64x128, kTma128x64, kTma64x64, kTma128x128Cp, kTma64x128Cp, kTma64x64Cp, kTiles
-};
+enum class VUpKernel { kKSplit, kWgmma, kTma128, kTma64, kTiles };
 
 VUpKernel pick_v_up_kernel(const AbsorbParams& p) {
   const DeviceInfo& info = device_info(p.device);
@@ -53,29 +51,23 @@ VUpKernel pick_v_up_kernel(const AbsorbParams& p) {
   if (forced != nullptr && forced[0] != '\0') {
     const std::string name(forced);
     if (name == "ksplit") return VUpKernel::kKSplit;
-    const bool sm90_only = name == "wgmma" || name.rfind("tma_", 0) == 0;
+    const bool sm90_only = name == "wgmma" || name == "tma128" || name == "tma64";
     MLA_HOST_CHECK(!sm90_only || info.sm_version == 90, "MLA_EXT_VUP_KERNEL=" + name + " needs sm90");
     if (name == "wgmma") return VUpKernel::kWgmma;
-    if (name == "tma_128x128") return VUpKernel::kTma128x128;
-    if (name == "tma_64x128") return VUpKernel::kTma64x128;
-    if (name == "tma_128x64") return VUpKernel::kTma128x64;
-    if (name == "tma_64x64") return VUpKernel::kTma64x64;
-    if (name == "tma_128x128_cpw") return VUpKernel::kTma128x128Cp;
-    if (name == "tma_64x128_cpw") return VUpKernel::kTma64x128Cp;
-    if (name == "tma_64x64_cpw") return VUpKernel::kTma64x64Cp;
-    MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, wgmma, tma_128x128, tma_64x128, tma_128x64, "
-                                    "tma_64x64, tma_*_cpw or tiles, got " + name);
+    if (name == "tma128") return VUpKernel::kTma128;
+    if (name == "tma64") return VUpKernel::kTma64;
+    MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, wgmma, tma128, tma64 or tiles, got " + name);
     return VUpKernel::kTiles;
   }
   const int64_t t = p.num_tokens;
   if (p.num_heads < 96) {
     if (t <= 128 || (!sm90 && t <= 512)) return VUpKernel::kKSplit;
     if (!sm90) return VUpKernel::kTiles;
-    return t <= 512 ? VUpKernel::kTma64x128 : VUpKernel::kTma128x128;
+    return t <= 512 ? VUpKernel::kTma64 : VUpKernel::kTma128;
   }
   if (t <= 32 || !sm90) return VUpKernel::kTiles;
-  if (t <= 64) return VUpKernel::kTma64x128;
-  return t <= 256 ? VUpKernel::kWgmma : VUpKernel::kTma128x128;
+  if (t <= 64) return VUpKernel::kTma64;
+  return t <= 256 ? VUpKernel::kWgmma : VUpKernel::kTma128;
 }
 
 // ksplit: BM = 16 up to 16 tokens, else 64; 128 / BN CTAs per (head, tile), the largest power of
@@ -93,9 +85,9 @@ void run_v_up_ksplit_bm(const AbsorbParams& p) {
 
 // Where the driver refuses the tensor maps (strides TMA cannot express) the cp.async wgmma kernel
 // runs instead, unless the TMA kernel was forced (tests must know which kernel they checked).
-template <bool kFp8, int kBM, int kBN, bool kWByCpAsync = false>
+template <bool kFp8, int kBM>
 void run_tma_or_fallback(const AbsorbParams& p) {
-  if (absorb::run_v_up_tma<kFp8, kBM, kBN, kWByCpAsync && !kFp8>(p)) return;
+  if (absorb::run_v_up_tma<kFp8, kBM>(p)) return;
   const char* forced = std::getenv("MLA_EXT_VUP_KERNEL");
   MLA_HOST_CHECK(forced == nullptr || forced[0] == '\0', "v_up: the driver refused the TMA kernel's tensor maps");
   absorb::run_v_up_wgmma<kFp8>(p);
@@ -109,20 +101,10 @@ void run_v_up(const AbsorbParams& p) {
       return p.num_tokens <= 16 ? run_v_up_ksplit_bm<kFp8, 16>(p) : run_v_up_ksplit_bm<kFp8, 64>(p);
     case VUpKernel::kWgmma:
       return run_v_up_wgmma<kFp8>(p);
-    case VUpKernel::kTma128x128:
-      return run_tma_or_fallback<kFp8, 128, 128>(p);
-    case VUpKernel::kTma64x128:
-      return run_tma_or_fallback<kFp8, 64, 128>(p);
-    case VUpKernel::kTma128x64:
-      return run_tma_or_fallback<kFp8, 128, 64>(p);
-    case VUpKernel::kTma64x64:
-      return run_tma_or_fallback<kFp8, 64, 64>(p);
-    case VUpKernel::kTma128x128Cp:
-      return run_tma_or_fallback<kFp8, 128, 128, true>(p);
-    case VUpKernel::kTma64x128Cp:
-      return run_tma_or_fallback<kFp8, 64, 128, true>(p);
-    case VUpKernel::kTma64x64Cp:
-      return run_tma_or_fallback<kFp8, 64, 64, true>(p);
+    case VUpKernel::kTma128:
+      return run_tma_or_fallback<kFp8, 128>(p);
+    case VUpKernel::kTma64:
+      return run_tma_or_fallback<kFp8, 64>(p);
     case VUpKernel::kTiles:
       return run_tiers<AbsorbOp::kVUp, kFp8>(p);
   }

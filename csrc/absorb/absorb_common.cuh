@@ -35,15 +35,14 @@ __device__ __forceinline__ void dequant16_e4m3(const uint4& raw, float scale, ui
   }
 }
 
-// kRows rows of a head's e4m3 W_UV[h]^T (rows n of 512 k, row-major from `w`) dequantised to
-// bf16(w * scale) into eight K-major [kRows n, 64 k] bf16 tiles in the 128-byte swizzle at `tiles`
-// (1024-byte aligned, kRows * 128 bytes each), by threads tid = 0 .. kThreads - 1: the resident
-// weight of the sm90 v_up kernels. 16 e4m3 per load = two bf16 chunks; batches of 8 loads in
-// flight per thread.
-template <int kThreads, int kRows = kVHeadDim>
+// One head's e4m3 W_UV[h]^T ([128 n, 512 k] row-major, `w`) dequantised to bf16(w * scale) into
+// eight K-major [128 n, 64 k] bf16 tiles of 16 KiB in the 128-byte swizzle at `tiles` (1024-byte
+// aligned), by threads tid = 0 .. kThreads - 1: the resident weight of the sm90 v_up kernels.
+// 16 e4m3 per load = two bf16 chunks; batches of 8 loads in flight per thread.
+template <int kThreads>
 __device__ __forceinline__ void dequant_w_uv_sw128(uint8_t* tiles, const uint8_t* w, const float* scale, int tid) {
-  constexpr int K = kKvLoraRank, BK = 64, kTileBytes = kRows * BK * 2;
-  constexpr int kLoads = kRows * K / 16, kPerRow = K / 16, kBatch = 8;
+  constexpr int N = kVHeadDim, K = kKvLoraRank, BK = 64, kTileBytes = N * BK * 2;
+  constexpr int kLoads = N * K / 16, kPerRow = K / 16, kBatch = 8;
   static_assert(kLoads % (kThreads * kBatch) == 0);
   for (int base = tid; base < kLoads; base += kThreads * kBatch) {
     uint4 raw[kBatch];

@@ -1,6 +1,6 @@
-// v_up at large T on sm90a: wgmma m64n128k16 with both operands in shared memory, the head's
-// whole weight resident, rows of x streaming through a cp.async pipeline. README.md (one level
-// up) has the picture.
+// v_up at medium T on sm90a (H >= 96, 64 < T <= 256; sm90/v_up_tma.cuh beyond): wgmma m64n128k16
+// with both operands in shared memory, the head's whole weight resident, rows of x streaming
+// through a cp.async pipeline. README.md (one level up) has the picture.
 //
 // Grid = (m_splits, H), m_splits = max(1, num_SMs / H): one wave, each CTA owns one head and the
 // 128-row M tiles z, z + m_splits, ... of it. 256 threads = 2 warpgroups; warpgroup g computes
