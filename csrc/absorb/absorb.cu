@@ -33,16 +33,16 @@ void run_tiers(const AbsorbParams& p) {
   }
 }
 
-// v_up's kernels. MLA_EXT_VUP_KERNEL=ksplit|wgmma|wgmma6|tma128|tma64|tiles forces one (tests run
+// v_up's kernels. MLA_EXT_VUP_KERNEL=ksplit|wgmma|tma128|tma64|tiles forces one (tests run
 // every kernel at every size with it; the benchmark's --sweep-v-up measures each at every size),
 // otherwise the fastest measured on the H200 at the benchmarked T (README.md has the numbers):
 //   H < 96:  T <= 128 ksplit (K split over a CTA's warps, BN for ~one CTA per SM); on sm90
 //            T <= 512 TMA 64 x 128 tiles, beyond TMA 128 x 128 tiles; elsewhere ksplit up to
 //            T = 512, then the tiles.
 //   H >= 96: T <= 32 the tiles (one CTA per head, all of K in flight); on sm90 T <= 64 TMA
-//            64 x 128 tiles, T <= 256 the cp.async wgmma kernel (6 stages), beyond TMA 128 x 128;
+//            64 x 128 tiles, T <= 256 the cp.async wgmma kernel, beyond TMA 128 x 128 tiles;
 //            elsewhere (sm100, MLA_EXT_FORCE_PORTABLE=1) the tiles.
-enum class VUpKernel { kKSplit, kWgmma, kWgmma6, kTma128, kTma64, kTiles };
+enum class VUpKernel { kKSplit, kWgmma, kTma128, kTma64, kTiles };
 
 VUpKernel pick_v_up_kernel(const AbsorbParams& p) {
   const DeviceInfo& info = device_info(p.device);
@@ -51,13 +51,12 @@ VUpKernel pick_v_up_kernel(const AbsorbParams& p) {
   if (forced != nullptr && forced[0] != '\0') {
     const std::string name(forced);
     if (name == "ksplit") return VUpKernel::kKSplit;
-    const bool sm90_only = name == "wgmma" || name == "wgmma6" || name == "tma128" || name == "tma64";
+    const bool sm90_only = name == "wgmma" || name == "tma128" || name == "tma64";
     MLA_HOST_CHECK(!sm90_only || info.sm_version == 90, "MLA_EXT_VUP_KERNEL=" + name + " needs sm90");
     if (name == "wgmma") return VUpKernel::kWgmma;
-    if (name == "wgmma6") return VUpKernel::kWgmma6;
     if (name == "tma128") return VUpKernel::kTma128;
     if (name == "tma64") return VUpKernel::kTma64;
-    MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, wgmma, wgmma6, tma128, tma64 or tiles, got " + name);
+    MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, wgmma, tma128, tma64 or tiles, got " + name);
     return VUpKernel::kTiles;
   }
   const int64_t t = p.num_tokens;
@@ -68,7 +67,7 @@ VUpKernel pick_v_up_kernel(const AbsorbParams& p) {
   }
   if (t <= 32 || !sm90) return VUpKernel::kTiles;
   if (t <= 64) return VUpKernel::kTma64;
-  return t <= 256 ? VUpKernel::kWgmma6 : VUpKernel::kTma128;
+  return t <= 256 ? VUpKernel::kWgmma : VUpKernel::kTma128;
 }
 
 // ksplit: BM = 16 up to 16 tokens, else 64; 128 / BN CTAs per (head, tile), the largest power of
@@ -91,7 +90,7 @@ void run_tma_or_fallback(const AbsorbParams& p) {
   if (absorb::run_v_up_tma<kFp8, kBM>(p)) return;
   const char* forced = std::getenv("MLA_EXT_VUP_KERNEL");
   MLA_HOST_CHECK(forced == nullptr || forced[0] == '\0', "v_up: the driver refused the TMA kernel's tensor maps");
-  absorb::run_v_up_wgmma<kFp8, false>(p);
+  absorb::run_v_up_wgmma<kFp8>(p);
 }
 
 template <bool kFp8>
@@ -101,9 +100,7 @@ void run_v_up(const AbsorbParams& p) {
     case VUpKernel::kKSplit:
       return p.num_tokens <= 16 ? run_v_up_ksplit_bm<kFp8, 16>(p) : run_v_up_ksplit_bm<kFp8, 64>(p);
     case VUpKernel::kWgmma:
-      return run_v_up_wgmma<kFp8, false>(p);
-    case VUpKernel::kWgmma6:
-      return run_v_up_wgmma<kFp8, true>(p);
+      return run_v_up_wgmma<kFp8>(p);
     case VUpKernel::kTma128:
       return run_tma_or_fallback<kFp8, 128>(p);
     case VUpKernel::kTma64:

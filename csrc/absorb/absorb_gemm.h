@@ -87,8 +87,7 @@ void launch_absorb_gemm(const AbsorbParams& params);
 // (sm90/v_up_wgmma.cuh).
 template <bool kFp8, int kBM, int kBN>
 void run_v_up_ksplit(const AbsorbParams& params);
-// kDirectStore: 6 stages, epilogue from the accumulators; else 4 stages, epilogue staged.
-template <bool kFp8, bool kDirectStore>
+template <bool kFp8>
 void run_v_up_wgmma(const AbsorbParams& params);
 // TMA producer warp + wgmma consumer warpgroups on sm90a, kBM (64 or 128) x 128 tiles
 // (sm90/v_up_tma.cuh). Returns false, launching nothing, where the driver refuses the tensor maps.

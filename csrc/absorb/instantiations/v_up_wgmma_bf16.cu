@@ -1,8 +1,7 @@
-// v_up with bf16 weights, the sm90a cp.async + wgmma kernel (sm90/v_up_wgmma.cuh), 4 stages with a
-// staged epilogue or 6 with a direct one; other targets compile it to a trap and never launch it.
+// v_up with bf16 weights, the sm90a wgmma kernel (sm90/v_up_wgmma.cuh; other targets compile
+// it to a trap and never launch it).
 #include "absorb/sm90/v_up_wgmma.cuh"
 
 namespace mla::absorb {
-template void run_v_up_wgmma<false, false>(const AbsorbParams&);
-template void run_v_up_wgmma<false, true>(const AbsorbParams&);
+template void run_v_up_wgmma<false>(const AbsorbParams&);
 }  // namespace mla::absorb

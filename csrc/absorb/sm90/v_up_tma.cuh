@@ -13,8 +13,9 @@
 //     (never to global memory) while the producer already streams x; then per piece: wait "full",
 //     4 wgmma m64n128k16 (both operands from shared memory), keep one wgmma group in flight and
 //     release the previous piece's stage ("empty", one arrival per consumer warp); after a tile's
-//     8th piece the accumulators go straight to global memory in whole 32-byte sectors
-//     (store_acc_m64n128_bf16), so no shared-memory staging takes room from the stages.
+//     8th piece the accumulators go straight to global memory: a 4 x 4 transpose of bf16 pairs
+//     inside each quad of lanes gives every lane 16 contiguous bytes, so each row is written in
+//     whole 32-byte sectors and no shared-memory staging takes room from the stages.
 // Why: the cp.async kernel (v_up_wgmma.cuh) keeps 3 pieces (48 KiB) in flight per SM behind a
 // __syncthreads per piece; here (BM = 128) 6 pieces (96 KiB) are in flight, each refilled as soon
 // as it is consumed, and the loads cost one instruction per piece instead of 4 per thread. 64-row
@@ -67,6 +68,27 @@ struct TmaVUpParams {
   CUtensorMap w_map;  // bf16 weights as [H * 128][512], box [128][64] (unused for e4m3)
   AbsorbParams p;
 };
+
+// Lane q of a quad holds bf16 pairs a[i] = columns 8 (4 j + i) + 2 q, +1 of one row (i = 0..3);
+// afterwards out[s] = columns 8 (4 j + q) + 2 s, +1: the 16 contiguous bytes of chunk 4 j + q.
+__device__ __forceinline__ void quad_transpose(const uint32_t (&a)[4], uint32_t (&out)[4], int q) {
+  out[0] = a[0], out[1] = a[1], out[2] = a[2], out[3] = a[3];  // r = 0: out[q] = a[q]
+  uint32_t mine = q == 0 ? a[0] : q == 1 ? a[1] : q == 2 ? a[2] : a[3];
+#pragma unroll
+  for (int r = 1; r < 4; ++r) {
+    const int partner = q ^ r;  // it needs my a[partner]; I need its a[q]
+    const uint32_t send = partner == 0 ? a[0] : partner == 1 ? a[1] : partner == 2 ? a[2] : a[3];
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, send, r);
+    if (partner == 0) out[0] = got;
+    if (partner == 1) out[1] = got;
+    if (partner == 2) out[2] = got;
+    if (partner == 3) out[3] = got;
+  }
+  if (q == 0) out[0] = mine;
+  if (q == 1) out[1] = mine;
+  if (q == 2) out[2] = mine;
+  if (q == 3) out[3] = mine;
+}
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_kernel(const __grid_constant__ TmaVUpParams args) {
@@ -130,7 +152,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_kernel(const __grid
   }
 
   // ---- consumer warpgroups
-  const int wg = warp / 4;
+  const int wg = warp / 4, tid_wg = tid % 128;
   if constexpr (Cfg::kFp8) {
     dequant_w_uv_sw128<Cfg::kConsumerThreads>(smem, static_cast<const uint8_t*>(p.w) + int64_t(h) * N * Cfg::K,
                                               p.w_scale + h * kNumLatentBlocks, tid);
@@ -139,6 +161,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_kernel(const __grid
   }
 
   auto* c_head = static_cast<__nv_bfloat16*>(p.c) + h * p.stride_c_head;
+  const int q = lane % 4, row_in_wg = (tid_wg / 32) * 16 + lane / 4;
   float acc[N / 2];
   for (int i = 0; i < my_tiles; ++i) {
 #pragma unroll
@@ -166,9 +189,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_kernel(const __grid
     for (int e = 0; e < N / 2; ++e) fence_operand(acc[e]);
     if (lane == 0) mbar_arrive(empty_bar + 8 * ((i * kChunks + kChunks - 1) % kStages));
 
-    // ---- epilogue: this warpgroup's 64 rows straight from the accumulators
-    const int64_t row0 = (m_split + static_cast<int64_t>(i) * m_splits) * BM + wg * 64;
-    store_acc_m64n128_bf16(acc, c_head + row0 * p.stride_c_token, p.stride_c_token, num_tokens - row0);
+    // ---- epilogue: rows row_in_wg (half 0) and row_in_wg + 8 (half 1) of this warpgroup
+    const int64_t tile = m_split + static_cast<int64_t>(i) * m_splits;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t t = tile * BM + wg * 64 + row_in_wg + 8 * half;
+#pragma unroll
+      for (int j = 0; j < N / 32; ++j) {
+        uint32_t pairs[4], chunk[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          pairs[e] = pack2<__nv_bfloat16>(acc[4 * (4 * j + e) + 2 * half], acc[4 * (4 * j + e) + 2 * half + 1]);
+        quad_transpose(pairs, chunk, q);
+        if (t < num_tokens)
+          *reinterpret_cast<uint4*>(c_head + t * p.stride_c_token + 8 * (4 * j + q)) =
+              make_uint4(chunk[0], chunk[1], chunk[2], chunk[3]);
+      }
+    }
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // wgmma and TMA as used here exist on sm_90a only; the host never launches this elsewhere

@@ -33,22 +33,20 @@
 
 namespace mla::absorb {
 
-template <bool kFp8_, bool kDirectStore_>
+template <bool kFp8_>
 struct WgmmaVUpConfig {
   static constexpr bool kFp8 = kFp8_;
   static constexpr int BM = 128, N = kVHeadDim, K = kKvLoraRank, BK = 64;
   static constexpr int kChunks = K / BK;  // 8 pieces per tile
-  // Either 4 stages and the epilogue staged through shared memory (16-byte stores of whole rows),
-  // or 6 stages and the epilogue stored straight from the accumulators in whole 32-byte sectors
-  // (store_acc_m64n128_bf16). An earlier 6-stage variant that stored bf16 pairs (4-byte stores,
-  // half sectors) measured far slower: 491 vs 413 us at H = 128, T = 8192, 24.4 vs 19.6 us at T = 256.
-  static constexpr bool kDirectStore = kDirectStore_;
-  static constexpr int kStages = kDirectStore ? 6 : 4;
+  // 4 stages and a staged epilogue fill the 227 KiB. 6 stages with the epilogue stored straight
+  // from the accumulators (4-byte stores, no staging buffer) measured slower: 491 vs 413 us at
+  // H = 128, T = 8192, 24.4 vs 19.6 us at T = 256.
+  static constexpr int kStages = 4;
   static constexpr int kThreads = 256;    // 2 warpgroups x 64 rows
   static constexpr int kWChunkBytes = N * BK * 2;  // one [128 n, 64 k] tile: 16 KiB
   static constexpr int kWBytes = kChunks * kWChunkBytes;
   static constexpr int kABytes = BM * BK * 2;      // one stage: 16 KiB
-  static constexpr int kCBytes = kDirectStore ? 0 : BM * N * 2;  // output staging: [128, 128] bf16
+  static constexpr int kCBytes = BM * N * 2;       // output staging: [128, 128] bf16
   static constexpr int kAOffset = kWBytes;
   static constexpr int kCOffset = kAOffset + kStages * kABytes;
   // + 1 KiB so that the base can be rounded up to the 1024 bytes the swizzle atoms need
@@ -131,12 +129,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_wgmma_kernel(const __gr
 #pragma unroll
     for (int e = 0; e < 64; ++e) fence_operand(acc[e]);
 
-    if (kc == kChunks - 1 && Cfg::kDirectStore) {
-      // ---- 3. epilogue straight from the accumulators: each warpgroup its own 64 rows
-      const int64_t row0 = (blockIdx.x + static_cast<int64_t>(step / kChunks) * gridDim.x) * BM + wg * 64;
-      auto* c_head = static_cast<__nv_bfloat16*>(p.c) + h * p.stride_c_head;
-      store_acc_m64n128_bf16(acc, c_head + row0 * p.stride_c_token, p.stride_c_token, num_tokens - row0);
-    } else if (kc == kChunks - 1) {
+    if (kc == kChunks - 1) {
       // ---- 3. epilogue: each warpgroup stages and stores its own 64 rows
       const int64_t tile = blockIdx.x + static_cast<int64_t>(step / kChunks) * gridDim.x;
       const int r0 = wg * 64 + (tid_wg / 32) * 16 + lane / 4;
@@ -179,9 +172,9 @@ void launch_v_up_wgmma(const AbsorbParams& p) {
   MLA_CHECK_LAUNCH();
 }
 
-template <bool kFp8, bool kDirectStore>
+template <bool kFp8>
 void run_v_up_wgmma(const AbsorbParams& p) {
-  launch_v_up_wgmma<WgmmaVUpConfig<kFp8, kDirectStore>>(p);
+  launch_v_up_wgmma<WgmmaVUpConfig<kFp8>>(p);
 }
 
 }  // namespace mla::absorb

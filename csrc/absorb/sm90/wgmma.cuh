@@ -3,11 +3,7 @@
 // into sm_90a code (callers guard with MLA_SM90A below); other targets never call them.
 #pragma once
 
-#include <cuda_bf16.h>
-
 #include <cstdint>
-
-#include "common/sm80.cuh"
 
 // True in the device pass for sm_90a, where wgmma exists.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -61,50 +57,6 @@ __device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t d
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
-}
-
-// Lane q of a quad holds bf16 pairs a[i] = columns 8 (4 j + i) + 2 q, +1 of one row (i = 0..3);
-// afterwards out[s] = columns 8 (4 j + q) + 2 s, +1: the 16 contiguous bytes of chunk 4 j + q.
-__device__ __forceinline__ void quad_transpose(const uint32_t (&a)[4], uint32_t (&out)[4], int q) {
-  out[0] = a[0], out[1] = a[1], out[2] = a[2], out[3] = a[3];  // r = 0: out[q] = a[q]
-  uint32_t mine = q == 0 ? a[0] : q == 1 ? a[1] : q == 2 ? a[2] : a[3];
-#pragma unroll
-  for (int r = 1; r < 4; ++r) {
-    const int partner = q ^ r;  // it needs my a[partner]; I need its a[q]
-    const uint32_t send = partner == 0 ? a[0] : partner == 1 ? a[1] : partner == 2 ? a[2] : a[3];
-    const uint32_t got = __shfl_xor_sync(0xffffffffu, send, r);
-    if (partner == 0) out[0] = got;
-    if (partner == 1) out[1] = got;
-    if (partner == 2) out[2] = got;
-    if (partner == 3) out[3] = got;
-  }
-  if (q == 0) out[0] = mine;
-  if (q == 1) out[1] = mine;
-  if (q == 2) out[2] = mine;
-  if (q == 3) out[3] = mine;
-}
-
-// Stores a warpgroup's m64n128 accumulators (layout above) as bf16 straight to global memory: row
-// r (0..63) to out + r * stride (elements), rows r >= rows_left skipped. After quad_transpose every
-// lane holds 16 contiguous bytes, so each row is written in whole 32-byte sectors (4-byte stores of
-// bf16 pairs write half sectors, which cost DRAM read-modify-writes).
-__device__ __forceinline__ void store_acc_m64n128_bf16(const float (&acc)[64], __nv_bfloat16* out, int64_t stride,
-                                                       int64_t rows_left) {
-  const int lane = threadIdx.x % 32, q = lane % 4, row = ((threadIdx.x % 128) / 32) * 16 + lane / 4;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = row + 8 * half;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      uint32_t pairs[4], chunk[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        pairs[e] = sm80::pack2<__nv_bfloat16>(acc[4 * (4 * j + e) + 2 * half], acc[4 * (4 * j + e) + 2 * half + 1]);
-      quad_transpose(pairs, chunk, q);
-      if (r < rows_left)
-        *reinterpret_cast<uint4*>(out + r * stride + 8 * (4 * j + q)) = make_uint4(chunk[0], chunk[1], chunk[2], chunk[3]);
-    }
-  }
 }
 
 }  // namespace mla::sm90
