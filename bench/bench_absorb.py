@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-v-up", metavar="DIR",
                         help="also time v_up with each kernel forced at more T (the tier boundaries); "
                              "writes absorb_v_up_sweep.json/.md into DIR")
+    parser.add_argument("--sweep-kernels", metavar="K1,K2",
+                        help=f"v_up kernels for --sweep-v-up (default: {','.join(absorb.V_UP_KERNELS)})")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
@@ -44,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         for path in write_results(absorb.NAME, rows, roofline, args.json, notes=notes):
             print("wrote", path)
     if args.sweep_v_up:
-        sweep = absorb.sweep_v_up(timer, roofline)
+        kernels = tuple(args.sweep_kernels.split(",")) if args.sweep_kernels else absorb.V_UP_KERNELS
+        sweep = absorb.sweep_v_up(timer, roofline, kernels)
         print(format_table(sweep, "v_up kernels"))
         for path in write_results(absorb.NAME + "_v_up_sweep", sweep, roofline, args.sweep_v_up,
                                   notes="v_up with MLA_EXT_VUP_KERNEL forced; vs_bmm in the JSON rows."):

@@ -58,16 +58,17 @@ def test_q_absorb(t, h, fp8):
 # v_up's kernels (csrc/absorb/absorb.cu pick_v_up_kernel): "auto" is the default choice,
 # "portable" the default with MLA_EXT_FORCE_PORTABLE=1 (what sm100 runs), the others forced with
 # MLA_EXT_VUP_KERNEL so that every kernel meets every size. Token counts: the BM boundaries of the
-# kernels (16/17, 32/33, 64), the sizes where ksplit picks BN = 32 and 64 at H = 16 (128, 256),
-# the boundaries of the automatic choice (32/33 at H = 128, 512/513 at H < 96), odd sizes (7, 257)
-# and a large T with a partial last tile for every BM (4097).
-V_UP_TOKENS = (1, 7, 16, 17, 32, 33, 64, 128, 256, 257, 512, 513, 4097)
-V_UP_KERNELS = ("auto", "portable", "ksplit", "wgmma", "tiles")
+# kernels (16/17, 32/33, 64/65), the sizes where ksplit picks BN = 32 and 64 at H = 16 (128, 256),
+# the boundaries of the automatic choice (32/33, 64/65, 256/257 at H = 128; 128/129, 512/513 at
+# H < 96), odd sizes (7, 257), the issue's 4096 and a large T with a partial last tile for every
+# BM (4097).
+V_UP_TOKENS = (1, 7, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 512, 513, 4096, 4097)
+V_UP_KERNELS = ("auto", "portable", "ksplit", "wgmma", "tma128", "tma64", "tiles")
 
 
 def _use_v_up_kernel(monkeypatch, kernel: str):
-    if kernel == "wgmma" and torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the wgmma kernel is sm90 only")
+    if kernel in ("wgmma", "tma128", "tma64") and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"the {kernel} kernel is sm90 only")
     if kernel == "portable":
         monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
     elif kernel != "auto":
@@ -91,7 +92,7 @@ def test_v_up(t, h, fp8, kernel, monkeypatch):
         assert_close(out, reference.v_up(x.float(), w_uv, scale), name=f"v_up T={t} H={h} vs fp32 weights", **FP32_W_TOL)
 
 
-@pytest.mark.parametrize("kernel", ("ksplit", "wgmma", "tiles"))
+@pytest.mark.parametrize("kernel", ("ksplit", "wgmma", "tma128", "tma64", "tiles"))
 def test_v_up_sanitizer_small(kernel, monkeypatch):
     """Small cases of each v_up kernel for compute-sanitizer (-k sanitizer): partial tiles, a
     head count that is no power of two, a padded out= buffer whose NaN must survive, and
@@ -205,5 +206,5 @@ def test_misaligned_contiguous_views(fp8):
 def test_v_up_kernel_override_is_checked(monkeypatch):
     monkeypatch.setenv("MLA_EXT_VUP_KERNEL", "fastest")
     w = _weights(4, False)
-    with pytest.raises(RuntimeError, match="MLA_EXT_VUP_KERNEL must be ksplit, wgmma or tiles"):
+    with pytest.raises(RuntimeError, match="MLA_EXT_VUP_KERNEL must be ksplit, wgmma, tma128, tma64 or tiles"):
         mla_ext.v_up(torch.randn(3, 4, L, device="cuda", dtype=torch.bfloat16), *w.uv())

@@ -33,31 +33,41 @@ void run_tiers(const AbsorbParams& p) {
   }
 }
 
-// v_up's kernels. MLA_EXT_VUP_KERNEL=ksplit|wgmma|tiles forces one (tests run every
-// kernel at every size with it; the benchmark's --sweep-v-up measures each at every size),
-// otherwise, measured on the H200 (README.md):
-//   - few heads (H < 96) up to T = 512: K split over a CTA's warps, BN chosen for ~one CTA per SM;
-//   - H >= 96 at T <= 32: the tiles (one CTA per head with all of K in flight);
-//   - beyond: the wgmma kernel on sm90 (unless MLA_EXT_FORCE_PORTABLE is set), else the tiles.
-enum class VUpKernel { kKSplit, kWgmma, kTiles };
+// v_up's kernels. MLA_EXT_VUP_KERNEL=ksplit|wgmma|tma128|tma64|tiles forces one (tests run
+// every kernel at every size with it; the benchmark's --sweep-v-up measures each at every size),
+// otherwise the fastest measured on the H200 at the benchmarked T (README.md has the numbers):
+//   H < 96:  T <= 128 ksplit (K split over a CTA's warps, BN for ~one CTA per SM); on sm90
+//            T <= 512 TMA 64 x 128 tiles, beyond TMA 128 x 128 tiles; elsewhere ksplit up to
+//            T = 512, then the tiles.
+//   H >= 96: T <= 32 the tiles (one CTA per head, all of K in flight); on sm90 T <= 64 TMA
+//            64 x 128 tiles, T <= 256 the cp.async wgmma kernel, beyond TMA 128 x 128 tiles;
+//            elsewhere (sm100, MLA_EXT_FORCE_PORTABLE=1) the tiles.
+enum class VUpKernel { kKSplit, kWgmma, kTma128, kTma64, kTiles };
 
 VUpKernel pick_v_up_kernel(const AbsorbParams& p) {
   const DeviceInfo& info = device_info(p.device);
-  const bool wgmma = info.sm_version == 90 && !force_portable_from_env();
+  const bool sm90 = info.sm_version == 90 && !force_portable_from_env();
   const char* forced = std::getenv("MLA_EXT_VUP_KERNEL");
   if (forced != nullptr && forced[0] != '\0') {
     const std::string name(forced);
     if (name == "ksplit") return VUpKernel::kKSplit;
-    if (name == "wgmma") {
-      MLA_HOST_CHECK(info.sm_version == 90, "MLA_EXT_VUP_KERNEL=wgmma needs sm90");
-      return VUpKernel::kWgmma;
-    }
-    MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, wgmma or tiles, got " + name);
+    const bool sm90_only = name == "wgmma" || name == "tma128" || name == "tma64";
+    MLA_HOST_CHECK(!sm90_only || info.sm_version == 90, "MLA_EXT_VUP_KERNEL=" + name + " needs sm90");
+    if (name == "wgmma") return VUpKernel::kWgmma;
+    if (name == "tma128") return VUpKernel::kTma128;
+    if (name == "tma64") return VUpKernel::kTma64;
+    MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, wgmma, tma128, tma64 or tiles, got " + name);
     return VUpKernel::kTiles;
   }
-  if (p.num_heads < 96 && p.num_tokens <= 512) return VUpKernel::kKSplit;
-  if (p.num_tokens <= 32) return VUpKernel::kTiles;
-  return wgmma ? VUpKernel::kWgmma : VUpKernel::kTiles;
+  const int64_t t = p.num_tokens;
+  if (p.num_heads < 96) {
+    if (t <= 128 || (!sm90 && t <= 512)) return VUpKernel::kKSplit;
+    if (!sm90) return VUpKernel::kTiles;
+    return t <= 512 ? VUpKernel::kTma64 : VUpKernel::kTma128;
+  }
+  if (t <= 32 || !sm90) return VUpKernel::kTiles;
+  if (t <= 64) return VUpKernel::kTma64;
+  return t <= 256 ? VUpKernel::kWgmma : VUpKernel::kTma128;
 }
 
 // ksplit: BM = 16 up to 16 tokens, else 64; 128 / BN CTAs per (head, tile), the largest power of
@@ -73,6 +83,16 @@ void run_v_up_ksplit_bm(const AbsorbParams& p) {
   return run_v_up_ksplit<kFp8, kBM, 128>(p);
 }
 
+// Where the driver refuses the tensor maps (strides TMA cannot express) the cp.async wgmma kernel
+// runs instead, unless the TMA kernel was forced (tests must know which kernel they checked).
+template <bool kFp8, int kBM>
+void run_tma_or_fallback(const AbsorbParams& p) {
+  if (absorb::run_v_up_tma<kFp8, kBM>(p)) return;
+  const char* forced = std::getenv("MLA_EXT_VUP_KERNEL");
+  MLA_HOST_CHECK(forced == nullptr || forced[0] == '\0', "v_up: the driver refused the TMA kernel's tensor maps");
+  absorb::run_v_up_wgmma<kFp8>(p);
+}
+
 template <bool kFp8>
 void run_v_up(const AbsorbParams& p) {
   using namespace absorb;
@@ -81,6 +101,10 @@ void run_v_up(const AbsorbParams& p) {
       return p.num_tokens <= 16 ? run_v_up_ksplit_bm<kFp8, 16>(p) : run_v_up_ksplit_bm<kFp8, 64>(p);
     case VUpKernel::kWgmma:
       return run_v_up_wgmma<kFp8>(p);
+    case VUpKernel::kTma128:
+      return run_tma_or_fallback<kFp8, 128>(p);
+    case VUpKernel::kTma64:
+      return run_tma_or_fallback<kFp8, 64>(p);
     case VUpKernel::kTiles:
       return run_tiers<AbsorbOp::kVUp, kFp8>(p);
   }

@@ -55,8 +55,8 @@ struct Config {
 //                       stages (all of K in flight); tier 2: 2 x 8 warps, 5 stages; tier 3:
 //                       128 x 128, 4 x 4 warps, 4 stages, one CTA per SM (the slice is 128 KiB).
 //                       absorb.cu uses them for H >= 96 at T <= 32, and on the portable path
-//                       (sm100) at T > 32; the other cases take v_up_ksplit.cuh (few heads) or
-//                       sm90/v_up_wgmma.cuh.
+//                       (sm100) at T > 32 (few heads: T > 512); the other cases take
+//                       v_up_ksplit.cuh (few heads), sm90/v_up_tma.cuh or sm90/v_up_wgmma.cuh.
 // Measured on the H200 (csrc/absorb/README.md has the numbers): large v_up as 128 x 64 tiles with
 // two CTAs per SM was 20-25% slower than tier 3, and the 16-warp tier-2 tiles 5-7% slower than the
 // 8-warp ones they replaced.
@@ -89,5 +89,9 @@ template <bool kFp8, int kBM, int kBN>
 void run_v_up_ksplit(const AbsorbParams& params);
 template <bool kFp8>
 void run_v_up_wgmma(const AbsorbParams& params);
+// TMA producer warp + wgmma consumer warpgroups on sm90a, kBM (64 or 128) x 128 tiles
+// (sm90/v_up_tma.cuh). Returns false, launching nothing, where the driver refuses the tensor maps.
+template <bool kFp8, int kBM>
+bool run_v_up_tma(const AbsorbParams& params);
 
 }  // namespace mla::absorb

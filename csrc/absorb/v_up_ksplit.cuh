@@ -1,4 +1,4 @@
-// v_up for few heads (H < 96) up to T = 512: one CTA per (BN output columns, head, BM-row tile),
+// v_up for few heads (H < 96) up to T = 128 (sm90; T = 512 elsewhere): one CTA per (BN output columns, head, BM-row tile),
 // everything it needs loaded in one round, K split over its 8 warps and reduced through shared
 // memory in a fixed order (deterministic). mma.sync m16n8k16, sm80+, so sm90 and sm100 run it.
 // README.md has the picture.

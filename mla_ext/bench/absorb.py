@@ -111,10 +111,10 @@ def bench(timer: Timer, roofline: Roofline, quick: bool = False) -> list[Row]:
 
 
 SWEEP_TOKENS = (1, 16, 32, 64, 128, 256, 512, 1024, 8192)
-V_UP_KERNELS = ("ksplit", "wgmma", "tiles")
+V_UP_KERNELS = ("ksplit", "wgmma", "tma128", "tma64", "tiles")
 
 
-def sweep_v_up(timer: Timer, roofline: Roofline) -> list[Row]:
+def sweep_v_up(timer: Timer, roofline: Roofline, kernels: tuple[str, ...] = V_UP_KERNELS) -> list[Row]:
     """v_up with each kernel forced (MLA_EXT_VUP_KERNEL), bf16 and fp8 weights, next to torch bmm:
     the measurements behind the automatic choice in csrc/absorb/absorb.cu."""
     rows: list[Row] = []
@@ -126,7 +126,7 @@ def sweep_v_up(timer: Timer, roofline: Roofline) -> list[Row]:
             v_act = t * h * (L + V) * 2
             base = timer.time_us(lambda: torch.bmm(x.transpose(0, 1), w.w_uv), f"{NAME}.sweep.bmm.H{h}.T{t}")
             rows.append(Row(f"torch bmm bf16 H={h} T={t}", base, bytes=v_act + h * P * L * 2, flops=flops, roofline=roofline))
-            for kernel in V_UP_KERNELS:
+            for kernel in kernels:
                 os.environ["MLA_EXT_VUP_KERNEL"] = kernel
                 try:
                     for fp8 in (False, True):

@@ -1,6 +1,6 @@
-// v_up at large T on sm90a: wgmma m64n128k16 with both operands in shared memory, the head's
-// whole weight resident, rows of x streaming through a cp.async pipeline. README.md (one level
-// up) has the picture.
+// v_up at medium T on sm90a (H >= 96, 64 < T <= 256; sm90/v_up_tma.cuh beyond): wgmma m64n128k16
+// with both operands in shared memory, the head's whole weight resident, rows of x streaming
+// through a cp.async pipeline. README.md (one level up) has the picture.
 //
 // Grid = (m_splits, H), m_splits = max(1, num_SMs / H): one wave, each CTA owns one head and the
 // 128-row M tiles z, z + m_splits, ... of it. 256 threads = 2 warpgroups; warpgroup g computes
@@ -104,31 +104,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_wgmma_kernel(const __gr
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) load_piece(s);
 
-  if constexpr (Cfg::kFp8) {
-    // 16 e4m3 per load = two bf16 chunks; batches of 8 loads in flight per thread.
-    const auto* w = static_cast<const uint8_t*>(p.w) + h * (Cfg::N * Cfg::K);
-    const float* scale = p.w_scale + h * kNumLatentBlocks;
-    constexpr int kLoads = Cfg::N * Cfg::K / 16, kPerRow = Cfg::K / 16, kBatch = 8;
-    static_assert(kLoads % (Cfg::kThreads * kBatch) == 0);
-    for (int base = tid; base < kLoads; base += Cfg::kThreads * kBatch) {
-      uint4 raw[kBatch];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int i = base + j * Cfg::kThreads;
-        raw[j] = __ldg(reinterpret_cast<const uint4*>(w + (i / kPerRow) * Cfg::K + (i % kPerRow) * 16));
-      }
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int i = base + j * Cfg::kThreads, n = i / kPerRow, col = (i % kPerRow) * 16;
-        uint4 out[2];
-        dequant16_e4m3(raw[j], __ldg(scale + col / kWeightBlock), out);
-        uint8_t* tile = smem + (col / BK) * Cfg::kWChunkBytes;
-        const int c = (col % BK) / 8;
-        *reinterpret_cast<uint4*>(tile + swizzle(n, c, 8)) = out[0];
-        *reinterpret_cast<uint4*>(tile + swizzle(n, c + 1, 8)) = out[1];
-      }
-    }
-  }
+  if constexpr (Cfg::kFp8)
+    dequant_w_uv_sw128<Cfg::kThreads>(smem, static_cast<const uint8_t*>(p.w) + h * (Cfg::N * Cfg::K),
+                                      p.w_scale + h * kNumLatentBlocks, tid);
 
   float acc[64];
   for (int step = 0; step < total_steps; ++step) {

@@ -1,0 +1,254 @@
+// v_up on sm90a with a TMA producer warp and wgmma consumer warpgroups: the head's whole weight
+// resident, [BM, 64] pieces of x streaming through kStages shared-memory stages that are loaded by
+// cp.async.bulk.tensor and handed over with mbarriers (no CTA-wide barrier in the main loop).
+// README.md (one level up) has the picture.
+//
+// Grid = (m_splits, H): one wave, m_splits = min(tiles, max(1, num_SMs / H)); CTA (z, h) owns head
+// h and the BM-row tiles z, z + m_splits, ... Threads: BM / 64 consumer warpgroups (warpgroup g
+// computes rows [64 g, 64 g + 64) of a tile over all N = 128 columns), then one producer warp.
+//   producer (one lane): bf16 weights first, as 8 TMA loads of [128 n, 64 k] tiles, each on its own
+//     barrier; then for every piece, wait until its stage is empty, announce the bytes on the
+//     stage's "full" barrier and issue the TMA load of x[tile rows, h, 64 k].
+//   consumers: e4m3 weights are first dequantised into the weight tiles by the consumer threads
+//     (never to global memory) while the producer already streams x; then per piece: wait "full",
+//     4 wgmma m64n128k16 (both operands from shared memory), keep one wgmma group in flight and
+//     release the previous piece's stage ("empty", one arrival per consumer warp); after a tile's
+//     8th piece the accumulators go straight to global memory: a 4 x 4 transpose of bf16 pairs
+//     inside each quad of lanes gives every lane 16 contiguous bytes, so each row is written in
+//     whole 32-byte sectors and no shared-memory staging takes room from the stages.
+// Why: the cp.async kernel (v_up_wgmma.cuh) keeps 3 pieces (48 KiB) in flight per SM behind a
+// __syncthreads per piece; here (BM = 128) 6 pieces (96 KiB) are in flight, each refilled as soon
+// as it is consumed, and the loads cost one instruction per piece instead of 4 per thread. 64-row
+// tiles (one consumer warpgroup, 12 stages of 8 KiB) give a few heads' short inputs more CTAs.
+// Measured and not kept (H200, README.md): N split over 2 CTAs (BN = 64; 1 CTA per SM with 10
+// stages, or 2 per SM with 4), and bf16 weights by cp.async from the consumers instead of TMA:
+// each lost at most sizes to the shapes here or to the other kernels.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "absorb/absorb.h"
+#include "absorb/absorb_common.cuh"
+#include "absorb/absorb_gemm.h"
+#include "absorb/sm90/tma.cuh"
+#include "absorb/sm90/wgmma.cuh"
+#include "common/arch.h"
+#include "common/cuda_check.h"
+#include "common/sm80.cuh"
+
+namespace mla::absorb {
+
+template <bool kFp8_, int kConsumers_>
+struct TmaVUpConfig {
+  static constexpr bool kFp8 = kFp8_;
+  static constexpr int kConsumers = kConsumers_;  // consumer warpgroups, 64 rows each
+  static constexpr int BM = 64 * kConsumers, N = kVHeadDim, K = kKvLoraRank, BK = 64;
+  static constexpr int kChunks = K / BK;                  // 8 pieces per tile
+  static constexpr int kConsumerThreads = 128 * kConsumers;
+  static constexpr int kThreads = kConsumerThreads + 32;  // + the producer warp
+  static constexpr int kWChunkBytes = N * BK * 2;         // one [128 n, 64 k] weight tile: 16 KiB
+  static constexpr int kWBytes = kChunks * kWChunkBytes;  // 128 KiB, resident
+  static constexpr int kABytes = BM * BK * 2;             // one stage: [BM, 64] bf16
+  static constexpr int kStages = 96 * 1024 / kABytes;     // the rest of 227 KiB: 6 or 12 stages
+  static constexpr int kAOffset = kWBytes;
+  // barriers: full[kStages], empty[kStages], then w_full[kChunks] (bf16 weight tiles)
+  static constexpr int kBarOffset = kAOffset + kStages * kABytes;
+  // + 1 KiB so that the base can be rounded up to the 1024 bytes the swizzle atoms need
+  static constexpr int kSmemBytes = kBarOffset + (2 * kStages + kChunks) * 8 + 1024;
+  static_assert(kConsumers == 1 || kConsumers == 2);
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of sm90");
+};
+
+// The kernel's parameters: the tensor maps must live in kernel parameter space (__grid_constant__).
+struct TmaVUpParams {
+  CUtensorMap x_map;  // x as [T][H][512] bf16, box [BM][1][64]
+  CUtensorMap w_map;  // bf16 weights as [H * 128][512], box [128][64] (unused for e4m3)
+  AbsorbParams p;
+};
+
+// Lane q of a quad holds bf16 pairs a[i] = columns 8 (4 j + i) + 2 q, +1 of one row (i = 0..3);
+// afterwards out[s] = columns 8 (4 j + q) + 2 s, +1: the 16 contiguous bytes of chunk 4 j + q.
+__device__ __forceinline__ void quad_transpose(const uint32_t (&a)[4], uint32_t (&out)[4], int q) {
+  out[0] = a[0], out[1] = a[1], out[2] = a[2], out[3] = a[3];  // r = 0: out[q] = a[q]
+  uint32_t mine = q == 0 ? a[0] : q == 1 ? a[1] : q == 2 ? a[2] : a[3];
+#pragma unroll
+  for (int r = 1; r < 4; ++r) {
+    const int partner = q ^ r;  // it needs my a[partner]; I need its a[q]
+    const uint32_t send = partner == 0 ? a[0] : partner == 1 ? a[1] : partner == 2 ? a[2] : a[3];
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, send, r);
+    if (partner == 0) out[0] = got;
+    if (partner == 1) out[1] = got;
+    if (partner == 2) out[2] = got;
+    if (partner == 3) out[3] = got;
+  }
+  if (q == 0) out[0] = mine;
+  if (q == 1) out[1] = mine;
+  if (q == 2) out[2] = mine;
+  if (q == 3) out[3] = mine;
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_kernel(const __grid_constant__ TmaVUpParams args) {
+#if MLA_SM90A
+  using namespace sm80;
+  using namespace sm90;
+  constexpr int BM = Cfg::BM, N = Cfg::N, BK = Cfg::BK, kChunks = Cfg::kChunks, kStages = Cfg::kStages;
+  const AbsorbParams& p = args.p;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
+  const uint32_t smem_w = smem_addr(smem);          // 8 x [128 n][8 chunks], swizzled
+  const uint32_t smem_a = smem_w + Cfg::kAOffset;   // kStages x [BM rows][8 chunks], swizzled
+  const uint32_t full_bar = smem_w + Cfg::kBarOffset, empty_bar = full_bar + kStages * 8;
+  const uint32_t w_bar = empty_bar + kStages * 8;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int h = blockIdx.y;
+  const int m_split = blockIdx.x, m_splits = gridDim.x;
+  const int64_t num_tokens = p.num_tokens;
+  const int num_tiles = static_cast<int>((num_tokens + BM - 1) / BM);
+  const int my_tiles = m_split < num_tiles ? (num_tiles - 1 - m_split) / m_splits + 1 : 0;
+  const int total_steps = my_tiles * kChunks;  // pieces, for the producer
+
+  if (warp == 4 * Cfg::kConsumers && lane == 0) {
+    prefetch_tensor_map(&args.x_map);
+    if (!Cfg::kFp8) prefetch_tensor_map(&args.w_map);
+  }
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_bar + 8 * s, 1);                      // the producer's arrive + the TMA bytes
+      mbar_init(empty_bar + 8 * s, 4 * Cfg::kConsumers);  // one arrival per consumer warp
+    }
+    for (int kc = 0; kc < kChunks; ++kc) mbar_init(w_bar + 8 * kc, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (warp == 4 * Cfg::kConsumers) {
+    // ---- producer warp: one lane issues every load
+    if (lane == 0 && total_steps > 0) {
+      auto load_piece = [&](int step) {
+        const int stage = step % kStages, kc = step % kChunks;
+        const int tile = m_split + (step / kChunks) * m_splits;
+        if (step >= kStages) mbar_wait(empty_bar + 8 * stage, ((step / kStages) - 1) & 1);
+        mbar_arrive_expect_tx(full_bar + 8 * stage, Cfg::kABytes);
+        tma_load_3d(smem_a + stage * Cfg::kABytes, &args.x_map, full_bar + 8 * stage, kc * BK, h, tile * BM);
+      };
+      // First every bf16 weight tile, each followed by the piece of x that needs it while stages
+      // are free, so that the whole first round is in flight at once (what small T waits for).
+      int step = 0;
+      for (int kc = 0; kc < kChunks; ++kc) {
+        if constexpr (!Cfg::kFp8) {
+          mbar_arrive_expect_tx(w_bar + 8 * kc, Cfg::kWChunkBytes);
+          tma_load_2d(smem_w + kc * Cfg::kWChunkBytes, &args.w_map, w_bar + 8 * kc, kc * BK, h * N);
+        }
+        if (step < kStages && step < total_steps) load_piece(step++);
+      }
+      for (; step < total_steps; ++step) load_piece(step);
+    }
+    return;
+  }
+
+  // ---- consumer warpgroups
+  const int wg = warp / 4, tid_wg = tid % 128;
+  if constexpr (Cfg::kFp8) {
+    dequant_w_uv_sw128<Cfg::kConsumerThreads>(smem, static_cast<const uint8_t*>(p.w) + int64_t(h) * N * Cfg::K,
+                                              p.w_scale + h * kNumLatentBlocks, tid);
+    fence_proxy_async_smem();  // st.shared weights -> visible to wgmma, then across the consumers
+    named_barrier(1, Cfg::kConsumerThreads);
+  }
+
+  auto* c_head = static_cast<__nv_bfloat16*>(p.c) + h * p.stride_c_head;
+  const int q = lane % 4, row_in_wg = (tid_wg / 32) * 16 + lane / 4;
+  float acc[N / 2];
+  for (int i = 0; i < my_tiles; ++i) {
+#pragma unroll
+    for (int e = 0; e < N / 2; ++e) fence_operand(acc[e]);
+    // The 8 pieces of a tile unrolled: straight-line code lets the compiler see that the
+    // accumulators are read only after the final wait (else it inserts waits of its own).
+#pragma unroll
+    for (int kc = 0; kc < kChunks; ++kc) {
+      const int step = i * kChunks + kc, stage = step % kStages;
+      if (!Cfg::kFp8 && i == 0) mbar_wait(w_bar + 8 * kc, 0);
+      mbar_wait(full_bar + 8 * stage, (step / kStages) & 1);
+      const uint32_t a_stage = smem_a + stage * Cfg::kABytes + wg * (64 * 128);
+      const uint32_t w_tile = smem_w + kc * Cfg::kWChunkBytes;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk)
+        wgmma_m64n128k16_bf16(acc, kmajor_sw128_desc(a_stage + kk * 32), kmajor_sw128_desc(w_tile + kk * 32), kc > 0 || kk > 0);
+      wgmma_commit();
+      // every group but this one is done: the previous piece's stage can be refilled
+      wgmma_wait<1>();
+      if (kc > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((step - 1) % kStages));
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int e = 0; e < N / 2; ++e) fence_operand(acc[e]);
+    if (lane == 0) mbar_arrive(empty_bar + 8 * ((i * kChunks + kChunks - 1) % kStages));
+
+    // ---- epilogue: rows row_in_wg (half 0) and row_in_wg + 8 (half 1) of this warpgroup
+    const int64_t tile = m_split + static_cast<int64_t>(i) * m_splits;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t t = tile * BM + wg * 64 + row_in_wg + 8 * half;
+#pragma unroll
+      for (int j = 0; j < N / 32; ++j) {
+        uint32_t pairs[4], chunk[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          pairs[e] = pack2<__nv_bfloat16>(acc[4 * (4 * j + e) + 2 * half], acc[4 * (4 * j + e) + 2 * half + 1]);
+        quad_transpose(pairs, chunk, q);
+        if (t < num_tokens)
+          *reinterpret_cast<uint4*>(c_head + t * p.stride_c_token + 8 * (4 * j + q)) =
+              make_uint4(chunk[0], chunk[1], chunk[2], chunk[3]);
+      }
+    }
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // wgmma and TMA as used here exist on sm_90a only; the host never launches this elsewhere
+#endif
+}
+
+// Returns false (launching nothing) where the driver refuses a tensor map, e.g. for strides TMA
+// cannot express; the caller then runs another kernel.
+template <class Cfg>
+bool launch_v_up_tma(const AbsorbParams& p) {
+  TmaVUpParams args{};
+  args.p = p;
+  // Strides of size-1 dims are arbitrary in torch; give the tensor map valid ones.
+  const int64_t stride_head = p.num_heads > 1 ? p.stride_a_head : Cfg::K;
+  const int64_t stride_token = p.num_tokens > 1 ? p.stride_a_token : stride_head * p.num_heads;
+  const uint64_t x_dims[3] = {uint64_t(Cfg::K), uint64_t(p.num_heads), uint64_t(p.num_tokens)};
+  const uint64_t x_strides[2] = {uint64_t(stride_head) * 2, uint64_t(stride_token) * 2};
+  const uint32_t x_box[3] = {uint32_t(Cfg::BK), 1, uint32_t(Cfg::BM)};
+  if (stride_head <= 0 || stride_token <= 0 || !sm90::make_bf16_tensor_map(&args.x_map, p.a, 3, x_dims, x_strides, x_box))
+    return false;
+  if (!Cfg::kFp8) {
+    const uint64_t w_dims[2] = {uint64_t(Cfg::K), uint64_t(p.num_heads) * Cfg::N};
+    const uint64_t w_strides[1] = {uint64_t(Cfg::K) * 2};
+    const uint32_t w_box[2] = {uint32_t(Cfg::BK), uint32_t(Cfg::N)};
+    if (!sm90::make_bf16_tensor_map(&args.w_map, p.w, 2, w_dims, w_strides, w_box)) return false;
+  }
+  auto kernel = v_up_tma_kernel<Cfg>;
+  opt_in_smem_once<Cfg>(reinterpret_cast<const void*>(kernel), p.device);
+  const int64_t num_tiles = (p.num_tokens + Cfg::BM - 1) / Cfg::BM;
+  // One wave: as many M splits as leave no SM idle, each CTA loading its head's weights once.
+  int64_t m_splits = device_info(p.device).num_sms / p.num_heads;
+  m_splits = m_splits < 1 ? 1 : (m_splits > num_tiles ? num_tiles : m_splits);
+  MLA_HOST_CHECK(p.num_heads <= 65535, "num_heads must be <= 65535 (grid.y)");
+  MLA_HOST_CHECK(p.num_tokens <= (int64_t(1) << 31) - Cfg::BM, "v_up: T too large for the TMA kernel's coordinates");
+  const dim3 grid(static_cast<unsigned>(m_splits), static_cast<unsigned>(p.num_heads));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, p.stream>>>(args);
+  MLA_CHECK_LAUNCH();
+  return true;
+}
+
+template <bool kFp8, int kBM>
+bool run_v_up_tma(const AbsorbParams& p) {
+  return launch_v_up_tma<TmaVUpConfig<kFp8, kBM / 64>>(p);
+}
+
+}  // namespace mla::absorb
