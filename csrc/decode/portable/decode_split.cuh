@@ -143,8 +143,9 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int32_t* sched = p.schedule + blockIdx.x * kScheduleFields;
-  const int begin_req = max(sched[kBeginReq], 0), begin_tile = sched[kBeginTile];
-  const int end_req = min(sched[kEndReq], p.b - 1), end_tile = sched[kEndTile], begin_split = sched[kBeginSplit];
+  // Clamped: a hand-made schedule must not send a CTA outside the block table or the workspace.
+  const int begin_req = max(sched[kBeginReq], 0), begin_tile = max(sched[kBeginTile], 0);
+  const int end_req = min(sched[kEndReq], p.b - 1), end_tile = sched[kEndTile], begin_split = max(sched[kBeginSplit], 0);
   const int row0 = blockIdx.y * kBlockM;                   // first query row of this CTA
   const int rows_here = min(kBlockM, p.num_rows - row0);
   // fp8: K and V are used unscaled (exact in 16 bits); the per-tensor scale multiplies the
@@ -474,7 +475,7 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = mt * 16 + lane / 4 + 8 * h;
-        if (r >= rows_here || slot >= p.max_partials) continue;  // (a hand-made plan's bad slot)
+        if (r >= rows_here || slot < 0 || slot >= p.max_partials) continue;  // (a hand-made plan's bad slot)
         float total = 0.f;
 #pragma unroll
         for (int w = 0; w < C::kWarps; ++w) total += red[w * kBlockM + r];

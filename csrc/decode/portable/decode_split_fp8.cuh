@@ -130,8 +130,9 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
   const auto team_sync = [&] { named_barrier(1 + team, C::kTeamThreads); };
 
   const int32_t* sched = p.schedule + blockIdx.x * kScheduleFields;
-  const int begin_req = max(sched[kBeginReq], 0), begin_tile = sched[kBeginTile];
-  const int end_req = min(sched[kEndReq], p.b - 1), end_tile = sched[kEndTile], begin_split = sched[kBeginSplit];
+  // Clamped: a hand-made schedule must not send a CTA outside the block table or the workspace.
+  const int begin_req = max(sched[kBeginReq], 0), begin_tile = max(sched[kBeginTile], 0);
+  const int end_req = min(sched[kEndReq], p.b - 1), end_tile = sched[kEndTile], begin_split = max(sched[kBeginSplit], 0);
   const int row0 = blockIdx.y * C::kRows;
   const int rows_here = min(C::kRows, p.num_rows - row0);
   const float tensor_scale = C::kDsMla ? 1.f : *p.scale;  // fp8: scores and output, exactly
@@ -246,6 +247,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
               const T* src = reinterpret_cast<const T*>(rr == 0 ? q0 : q1) + d + 2 * half;
               const int e = rr == 0 ? e0 : e1;
               const float a = to_float(src[0]) * e4m3::pow2(-e), b = to_float(src[1]) * e4m3::pow2(-e);
+              // (q_pe meets the bf16 k_pe in a bf16 MMA: an fp16 q_pe is rounded to bf16 here.)
               qf[s][2 * half + rr] = bf16_step ? pack2<__nv_bfloat16>(a, b) : pack2<__half>(a, b);
             }
           }
@@ -457,7 +459,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         // tot == 0: nothing attended (out 0, lse -inf); NaN propagates.
         const float inv = tot == 0.f ? 0.f : tensor_scale / tot;
         const float c0 = a0 * r0 * inv, c1 = a1 * r1 * inv;
-        if (r >= rows_here || slot >= p.max_partials) continue;  // (a hand-made plan's bad slot)
+        if (r >= rows_here || slot < 0 || slot >= p.max_partials) continue;  // (a hand-made plan's bad slot)
         const float lse2 = tot == 0.f ? -INFINITY : mm + log2f(tot);
         const int gr = row0 + r, s = gr / p.h_q, hq = gr % p.h_q;
 #pragma unroll

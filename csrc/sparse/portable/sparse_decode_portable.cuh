@@ -594,7 +594,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
     // O += P V: V is the first 512 columns of the same rows, read transposed by ldmatrix once per
-    // warp and used for all m-tiles. fp8_ds_mla: A = P' = P scale[k, vt] / R in fp16 (|P'| <= 1).
+    // warp and used for all m-tiles. fp8_ds_mla: A = P' = P scale[k, vt] / R in fp16 (|P'| <= 2^14).
     if constexpr (Cfg::kE4m3Frags) {
       // k-step of 16 keys: thread qd holds keys 16 ks + qd + {0, 4 | 8, 12}; column n of n-tile j
       // (of a set of 4 covering 32 dims) is dim 4 n + j, so one 32-bit load per key (4 bytes:
