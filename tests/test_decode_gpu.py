@@ -100,6 +100,22 @@ def test_fp8_wide_ranges(fmt, dtype, h_q):
     assert_close(lse, ref_lse, cos_tol=1e-7, atol=2e-3 * 2**span, rtol=1e-4, name="lse")
 
 
+@pytest.mark.parametrize("h_q", [16, 64])
+def test_ds_mla_scale_outlier(h_q):
+    """An early token whose tile scales are 2^20 above the rest, with zero values (so it adds
+    nothing but its scale): the 16-row kernel's value reference R must come back down for the
+    later tiles, or their P' = P scale / R fall into fp16 subnormals."""
+    bs = 64
+    inp = make_inputs([100, 1000, 3001], 1, h_q, bs, "fp8_ds_mla", device="cuda")
+    cache = inp["kv_cache"].view(torch.uint8)
+    for i in range(inp["seq_lens"].numel()):
+        page = int(inp["block_table"][i, 0])
+        cache[page, :, :512] = 0  # positions 0..63: e4m3 zeros (k_pe kept)
+        scales = cache[page, 0, 512:528].clone().view(torch.float32) * 2.0**20
+        cache[page, 0, 512:528] = scales.view(torch.uint8)
+    check(inp, causal=True)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_padded_pages(fmt):
     inp = make_inputs([10, 333], 1, 16, 16, fmt, device="cuda", page_pad=5)

@@ -41,21 +41,27 @@ __device__ __forceinline__ void load_pv_a(const __half* p, int ks, int lane, uin
   }
 }
 
-// Scales out of the PV operands: P' = P scale / R in fp16 for one scale tile, with R raised to the
-// max |scale| seen so far whenever a key's |scale| exceeds R 2^14 (so |P'| <= 2^14), here for a
-// 64-key tile (scales a, b: keys lane and lane + 32). Usually one warp vote; only when R grows the
-// max reduction, rescale = R_old / R_new for O (1 while R was 0) and inv = 1 / R_new (0 while R
-// is 0). ref and inv persist across tiles; rescale is 1 unless R grew. Warp-uniform.
+// Scales out of the PV operands: P' = P scale / R in fp16 for one scale tile, here for a 64-key
+// tile (scales a, b: keys lane and lane + 32). R follows the scales both ways: it is reset to the
+// tile's max |scale| when a key exceeds R 2^14 or every key is below R / 16, so |P'| <= 2^14 and a
+// key within 2^10 of its own tile's largest scale keeps P' in fp16's normal range (an outlier
+// costs precision in its own tile only). Shrinking is capped at 2^-60 per step so that O, kept in
+// units of R, cannot overflow. Usually one warp vote; when R changes, rescale = R_old / R_new for
+// O (1 while R was 0) and inv = 1 / R_new. ref and inv persist across tiles (0 until a nonzero
+// scale is seen); rescale is 1 unless R changed. Warp-uniform.
 __device__ __forceinline__ void update_scale_ref(float a, float b, float& ref, float& rescale, float& inv) {
   rescale = 1.f;
-  const float limit = ref * 16384.f;
-  if (__all_sync(0xffffffffu, fabsf(a) <= limit && fabsf(b) <= limit)) return;
-  float tmax = fmaxf(fabsf(a), fabsf(b));
+  const float fa = fabsf(a), fb = fabsf(b);
+  const bool fits = fa <= ref * 16384.f && fb <= ref * 16384.f;
+  const bool near = fa >= ref * 0.0625f || fb >= ref * 0.0625f;
+  if (__all_sync(0xffffffffu, fits) && __any_sync(0xffffffffu, near)) return;
+  float tmax = fmaxf(fa, fb);
 #pragma unroll
   for (int d = 16; d >= 1; d /= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, d));
-  const float r_new = fmaxf(ref, tmax);
+  if (!(tmax > 0.f)) return;  // no nonzero scale in this tile: P' = 0 whatever R is
+  const float r_new = fmaxf(tmax, ref * 8.6736174e-19f);  // 2^-60
   rescale = ref > 0.f ? ref / r_new : 1.f;
-  inv = r_new > 0.f ? 1.f / r_new : 0.f;
+  inv = 1.f / r_new;
   ref = r_new;
 }
 
