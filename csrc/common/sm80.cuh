@@ -68,6 +68,15 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
 }
 
 // Barrier over a subset of the CTA's warps (id 0 is __syncthreads').
+// 2^x by the SFU alone (ex2.approx.ftz: ~2 ulp, subnormal results flushed to 0, 2^-inf = 0).
+// exp2f adds a range check and two multiplies per call for subnormal results, which softmax
+// weights below 2^-126 of the row maximum never need.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ void named_barrier(int id, int num_threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(num_threads) : "memory");
 }

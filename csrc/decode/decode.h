@@ -12,6 +12,7 @@
 // shapes of every buffer are fixed for a given batch size: the step is CUDA-graph capturable.
 #pragma once
 
+#include "common/fast_divmod.h"
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -80,6 +81,7 @@ struct DecodeParams {
   int64_t stride_cache_block_bytes, stride_cache_token_bytes;
   int64_t stride_block_table_b;           // elements
   int num_blocks, block_size, max_blocks;
+  FastDivmod block_div;                   // block_size as multiply-shift; set by run_decode_split_portable
   float softmax_scale_log2;               // softmax_scale * log2(e): scores live in the exp2 domain
   bool causal;
   DType q_dtype;                          // kBF16 or kFP16; the MMAs run in this type

@@ -19,15 +19,23 @@
 // second CTA's copy of the schedule.
 //
 // Fragment layouts (m16n8k16, grp = lane / 4, qd = lane % 4). The dot products do not care in
-// which order they sum, so k indices are permuted to make every operand one plain shared load:
-//   QK^T  k-step over 16 dims d0..d0+15: A = q'[grp (+8)][d0 + 4 qd + {0,1 | 2,3}],
-//         B = k8[key = n][d0 + 4 qd + {0,1 | 2,3}]: one 32-bit load of 4 e4m3 bytes.
+// which order they sum, so k indices are permuted to make every operand one wide shared load:
+//   QK^T  the 8 e4m3 k-steps of a 128-dim tile g: thread qd owns the 16-byte chunk
+//         8 g + 4 G + qd of a key (dims 128 g + 64 G + 16 qd ..) for half G, and k-step
+//         s = 4 G + j reads its bytes 4 j .. 4 j + 3: B = k8[key = n][those 4 dims] (k indices
+//         2 qd, + 1 | + 8, + 9), A = q' at the same dims. One 128-bit load feeds 4 k-steps. The
+//         ninth k-step is k_pe (dims 512 + 16 g + 4 qd ..: bf16 for fp8_ds_mla, e4m3 for fp8).
+//         The A fragments are built once per piece into shared memory (fragment order, one
+//         128-bit load per k-step) so that they do not hold 36 registers through the tile loop.
 //   PV    k-step over 16 keys k0..: thread qd holds keys k0 + qd + {0, 4 | 8, 12};
-//         B column n of n-tile j (of a set of 4) is dim 4 n + j: one 32-bit load per key gives
-//         four n-tiles, regrouped by prmt. The C fragment then holds 8 consecutive dims per row.
+//         B column n of n-tile j of set S is dim 64 w + 8 n + 4 S + j: one 64-bit load per key
+//         (dims 64 w + 8 grp ..) gives both sets' four n-tiles, regrouped by prmt. The C fragment
+//         then holds 16 consecutive dims per row (64 w + 16 qd ..).
 // Cache rows in shared memory: 40 chunks of 16 B per key (kv_c e4m3: chunks 0-31; k_pe: e4m3 in
-// 32-35 or bf16 in 32-39), chunk c of key k stored at chunk c ^ f(k), f(k) = 2 (k % 4) + (k / 4) % 2:
-// conflict-free for QK^T (8 consecutive keys, one chunk) and PV (4 keys k0 + qd, two chunks).
+// 32-35 or bf16 in 32-39), chunk c of key k stored at chunk c ^ f(k), f(k) = 4 (k % 2) +
+// 2 ((k / 2) % 2) + (k / 4) % 2 (bits of k % 8 reversed): conflict-free for QK^T (keys 2i, 2i + 1
+// take opposite halves of a 128-byte line), PV (4 keys k0 + qd: 4 distinct chunk pairs), the k_pe
+// step (8 consecutive keys, one chunk) and the cp.async writes.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -58,9 +66,9 @@ struct Fp8SplitConfig {
   static constexpr int kStages = 2;                          // per team: one computing, one loading
   static constexpr int kKeyChunks = 40;                      // per key in shared memory
   static constexpr int kKeyBytes = 16 * kKeyChunks;          // 640: a multiple of 128 B
-  // QK^T: warp (g = w % 4, kh = w / 4) takes k-steps of dim group g for keys 32 kh .. 32 kh + 31.
-  // fp8: 9 e4m3 steps (dims 144 g ..); fp8_ds_mla: 8 e4m3 steps (tile g) + 1 bf16 k_pe step.
-  static constexpr int kF16Steps = kDsMla ? 8 : 9;
+  // QK^T: warp (g = w % 4, kh = w / 4) takes k-steps of dim group g for keys 32 kh .. 32 kh + 31:
+  // 8 e4m3 steps (dims 128 g ..) and one k_pe step (dims 512 + 16 g ..; bf16 for fp8_ds_mla).
+  static constexpr int kF16Steps = 8;
   static constexpr int kQSteps = 9;
   static constexpr int kLoadThreadsPerRow = kTeamThreads / kBlockN;  // 4
 
@@ -83,8 +91,10 @@ struct Fp8SplitConfig {
   static constexpr int kOffQ = 0;                            // = team 0's red_s
   static constexpr int kOffRedS1 = kQRedBytes;               // team 1's red_s
   static constexpr int kOffTeam = kOffRedS1 + kRedSBytes;    // team t at kOffTeam + t * kTeamBytes
-  static constexpr int kOffRowExp = kOffTeam + kTeams * kTeamBytes;
-  static constexpr int kSmemBytes = kOffRowExp + 3 * kRows * 4;  // row exponent, score scale, limit
+  static constexpr int kOffRowExp = kOffTeam + kTeams * kTeamBytes;   // row exponent, score scale, limit
+  static constexpr int kOffQFrag = kOffRowExp + 3 * kRows * 4;         // [k-step][g][lane] uint4
+  static constexpr int kQFragBytes = kQSteps * 4 * 32 * 16;
+  static constexpr int kSmemBytes = kOffQFrag + kQFragBytes;
   // Team-relative offsets.
   static constexpr int kOffStages = 0;
   static constexpr int kOffP = kStages * kStageBytes;
@@ -96,7 +106,7 @@ struct Fp8SplitConfig {
   static_assert(kSmemBytes <= 227 * 1024, "fp8 decode tiles do not fit in shared memory");
 };
 
-__device__ __forceinline__ int key_swizzle(int key) { return ((key & 3) << 1) | ((key >> 2) & 1); }
+__device__ __forceinline__ int key_swizzle(int key) { return ((key & 1) << 2) | (key & 2) | ((key >> 2) & 1); }
 
 template <typename T>
 __device__ __forceinline__ float to_float(T v) {
@@ -179,10 +189,12 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       }
     };
 
-    float o[2][4][4];  // [set S][n-tile j][C fragment]: dims 64 warp + 32 S + 8 qd + {j, 4 + j}
+    float o[2][4][4];  // [set S][n-tile j][C fragment c]: dims 64 warp + 16 qd + 8 (c % 2) + 4 S + j
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     float v_ref = 0.f, v_inv = 0.f;  // R of tile vt and 1 / R (fp8_ds_mla); fp8 uses 1
-    uint32_t qf[C::kQSteps][4];
+    // This warp's A fragment of k-step s: 16 bytes at qfrag + s * kQFragStepBytes.
+    constexpr int kQFragStepBytes = 4 * 32 * 16;
+    const uint32_t qfrag = smem_addr(smem + C::kOffQFrag) + (g * 32 + lane) * 16;
 #pragma unroll
     for (int S = 0; S < 2; ++S)
 #pragma unroll
@@ -230,16 +242,16 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         }
       }
       __syncthreads();
-      // The A fragments of this warp's dim group, built once per piece.
+      // The A fragments of each dim group, built once per piece by team 0's warps 0-3.
       const int e0 = row_exp[grp], e1 = row_exp[grp + 8];
-      {
+      if (team == 0 && kh == 0) {
         const uint8_t* q0 = smem + C::kOffQ + grp * C::kQStride;
         const uint8_t* q1 = q0 + 8 * C::kQStride;
 #pragma unroll
         for (int s = 0; s < C::kQSteps; ++s) {
           const bool bf16_step = C::kDsMla && s == C::kF16Steps;
-          const int d0 = bf16_step ? kKvLoraRank + 16 * g : C::kDsMla ? 128 * g + 16 * s : 144 * g + 16 * s;
-          const int d = d0 + 4 * qd;
+          const int d = s == C::kF16Steps ? kKvLoraRank + 16 * g + 4 * qd : 128 * g + 64 * (s / 4) + 16 * qd + 4 * (s % 4);
+          uint32_t qf[4];
 #pragma unroll
           for (int half = 0; half < 2; ++half) {  // dims d + 2 half, + 1
 #pragma unroll
@@ -248,9 +260,10 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
               const int e = rr == 0 ? e0 : e1;
               const float a = to_float(src[0]) * e4m3::pow2(-e), b = to_float(src[1]) * e4m3::pow2(-e);
               // (q_pe meets the bf16 k_pe in a bf16 MMA: an fp16 q_pe is rounded to bf16 here.)
-              qf[s][2 * half + rr] = bf16_step ? pack2<__nv_bfloat16>(a, b) : pack2<__half>(a, b);
+              qf[2 * half + rr] = bf16_step ? pack2<__nv_bfloat16>(a, b) : pack2<__half>(a, b);
             }
           }
+          *reinterpret_cast<uint4*>(smem + C::kOffQFrag + ((s * 4 + g) * 32 + lane) * 16) = make_uint4(qf[0], qf[1], qf[2], qf[3]);
         }
       }
       __syncthreads();  // the Q tile (= team 0's red_s) is free
@@ -283,31 +296,56 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
 #pragma unroll
         for (int e = 0; e < 4; ++e) part[nt][e] = 0.f;
       const int fk = key_swizzle(grp);  // key % 8 == grp for every B row this thread loads
+      const uint32_t qk_row = kbase + (32 * kh + grp) * C::kKeyBytes;
+      auto load_qa = [&](int s, uint32_t (&a)[4]) {
+        const uint4 v = e4m3::lds128(qfrag + s * kQFragStepBytes);
+        a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
+      };
 #pragma unroll
-      for (int s = 0; s < C::kF16Steps; ++s) {
-        const int chunk = C::kDsMla ? 8 * g + s : 9 * g + s;
+      for (int G = 0; G < 2; ++G) {
+        uint4 raw[4];  // chunk 8 g + 4 G + qd of keys 32 kh + 8 nt + grp
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const int key = 32 * kh + 8 * nt + grp;
-          uint32_t b0, b1;
-          e4m3::x4_to_f16x2x2(e4m3::lds32(kbase + key * C::kKeyBytes + ((chunk ^ fk) << 4) + 4 * qd), b0, b1);
-          mma_16816<__half>(part[nt], qf[s], b0, b1);
+        for (int nt = 0; nt < 4; ++nt)
+          raw[nt] = e4m3::lds128(qk_row + nt * 8 * C::kKeyBytes + ((8 * g + ((4 * G + qd) ^ fk)) << 4));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t qa[4];
+          load_qa(4 * G + j, qa);
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            const uint32_t w = j == 0 ? raw[nt].x : j == 1 ? raw[nt].y : j == 2 ? raw[nt].z : raw[nt].w;
+            uint32_t b0, b1;
+            e4m3::x4_to_f16x2x2(w, b0, b1);
+            mma_16816<__half>(part[nt], qa, b0, b1);
+          }
         }
       }
-      if constexpr (C::kDsMla) {
-        // Tile g's scale per key, then k_pe (bf16, dims 16 g + 4 qd ..) unscaled.
+      {
+        uint32_t qa[4];
+        load_qa(C::kF16Steps, qa);
+        if constexpr (C::kDsMla) {
+          // Tile g's scale per key, then k_pe (bf16, dims 512 + 16 g + 4 qd ..) unscaled.
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const int key = 32 * kh + 8 * nt + 2 * qd;
-          const float s0 = scales[4 * key + g], s1 = scales[4 * (key + 1) + g];
-          part[nt][0] *= s0, part[nt][1] *= s1, part[nt][2] *= s0, part[nt][3] *= s1;
-        }
-        const int chunk = kKvLoraRank / 16 + 2 * g + qd / 2;
+          for (int nt = 0; nt < 4; ++nt) {
+            const int key = 32 * kh + 8 * nt + 2 * qd;
+            const float s0 = scales[4 * key + g], s1 = scales[4 * (key + 1) + g];
+            part[nt][0] *= s0, part[nt][1] *= s1, part[nt][2] *= s0, part[nt][3] *= s1;
+          }
+          const int chunk = kKvLoraRank / 16 + 2 * g + qd / 2;
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const int key = 32 * kh + 8 * nt + grp;
-          const uint2 w = e4m3::lds64(kbase + key * C::kKeyBytes + ((chunk ^ fk) << 4) + 8 * (qd % 2));
-          mma_16816<__nv_bfloat16>(part[nt], qf[C::kF16Steps], w.x, w.y);
+          for (int nt = 0; nt < 4; ++nt) {
+            const uint2 w = e4m3::lds64(qk_row + nt * 8 * C::kKeyBytes + ((chunk ^ fk) << 4) + 8 * (qd % 2));
+            mma_16816<__nv_bfloat16>(part[nt], qa, w.x, w.y);
+          }
+        } else {
+          // k_pe in e4m3: dims 512 + 16 g + 4 qd .. = chunk 32 + g, bytes 4 qd ..
+          const int chunk = kKvLoraRank / 16 + g;
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            uint32_t b0, b1;
+            e4m3::x4_to_f16x2x2(e4m3::lds32(qk_row + nt * 8 * C::kKeyBytes + ((chunk ^ fk) << 4) + 4 * qd), b0, b1);
+            mma_16816<__half>(part[nt], qa, b0, b1);
+          }
         }
       }
 #pragma unroll
@@ -355,8 +393,8 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         const float tile_max = fmaxf(fmaxf(fmaxf(mx0.x, mx0.y), fmaxf(mx0.z, mx0.w)), fmaxf(fmaxf(mx1.x, mx1.y), fmaxf(mx1.z, mx1.w)));
         const float m_new = fmaxf(m[h], tile_max);
         const float base = m_new == -INFINITY ? 0.f : m_new;
-        const float alpha = exp2f(m[h] - base);
-        const float p0 = exp2f(sc[2 * h] - base), p1 = exp2f(sc[2 * h + 1] - base);
+        const float alpha = sm80::fast_exp2(m[h] - base);
+        const float p0 = sm80::fast_exp2(sc[2 * h] - base), p1 = sm80::fast_exp2(sc[2 * h + 1] - base);
         l[h] = l[h] * alpha + p0 + p1;
         m[h] = m_new;
         // keys kcol, kcol + 1 (kcol % 8 = 2 qd) at their permuted places
@@ -376,6 +414,9 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       team_sync();
 
       // ---- O[:, 64 warp ..] += P' V8.
+      const int pv_chunk = 4 * warp + grp / 2;
+      const uint32_t pv_off[2] = {uint32_t(((pv_chunk ^ key_swizzle(qd)) << 4) + 8 * (grp % 2)),
+                                  uint32_t(((pv_chunk ^ key_swizzle(qd + 4)) << 4) + 8 * (grp % 2))};
 #pragma unroll
       for (int ks = 0; ks < kBlockN / 16; ++ks) {
         // A fragment: P of keys (16 ks + qd, + 4) and (+ 8, + 12), rows grp and grp + 8, times
@@ -392,15 +433,13 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
             pa[2 + rr] = e4m3::hmul2_bits(pa[2 + rr], v23);
           }
         }
+        uint2 wk[4];  // dims 64 warp + 8 grp .. + 7 of keys 16 ks + qd + 4 e (key % 8 = qd + 4 (e % 2))
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          wk[e] = e4m3::lds64(kbase + (16 * ks + 4 * e + qd) * C::kKeyBytes + pv_off[e % 2]);
 #pragma unroll
         for (int S = 0; S < 2; ++S) {
-          const int chunk = 4 * warp + 2 * S + grp / 4;
-          uint32_t w[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = 16 * ks + qd + 4 * e;
-            w[e] = e4m3::lds32(kbase + key * C::kKeyBytes + ((chunk ^ key_swizzle(key)) << 4) + 4 * (grp % 4));
-          }
+          const uint32_t w[4] = {S ? wk[0].y : wk[0].x, S ? wk[1].y : wk[1].x, S ? wk[2].y : wk[2].x, S ? wk[3].y : wk[3].x};
           uint32_t b0[4], b1[4];
           e4m3::regroup_pv_b(w, b0, b1);
 #pragma unroll
@@ -454,7 +493,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         const float m1 = xm[r], l1 = xl[r];
         const float mm = fmaxf(m[h], m1);
         const float base = mm == -INFINITY ? 0.f : mm;
-        const float a0 = exp2f(m[h] - base), a1 = exp2f(m1 - base);
+        const float a0 = sm80::fast_exp2(m[h] - base), a1 = sm80::fast_exp2(m1 - base);
         const float tot = a0 * total[h] + a1 * l1;
         // tot == 0: nothing attended (out 0, lse -inf); NaN propagates.
         const float inv = tot == 0.f ? 0.f : tensor_scale / tot;
@@ -462,26 +501,25 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         if (r >= rows_here || slot < 0 || slot >= p.max_partials) continue;  // (a hand-made plan's bad slot)
         const float lse2 = tot == 0.f ? -INFINITY : mm + log2f(tot);
         const int gr = row0 + r, s = gr / p.h_q, hq = gr % p.h_q;
+        float v[16];  // dims 64 warp + 16 qd + 0..15
 #pragma unroll
-        for (int S = 0; S < 2; ++S) {
-          float v[8];  // dims 64 warp + 32 S + 8 qd + 0..7
+        for (int S = 0; S < 2; ++S)
 #pragma unroll
           for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int k = 0; k < 2; ++k) {
               const int e = 2 * h + k;
-              v[j + 4 * k] = o[S][j][e] * c0 + xchg[(16 * S + 4 * j + e) * C::kTeamThreads + ttid] * c1;
+              v[8 * k + 4 * S + j] = o[S][j][e] * c0 + xchg[(16 * S + 4 * j + e) * C::kTeamThreads + ttid] * c1;
             }
-          const int d0 = 64 * warp + 32 * S + 8 * qd;
-          if (num_splits <= 1) {
-            T* d = static_cast<T*>(p.out) + req * p.stride_out_b + s * p.stride_out_s + hq * p.stride_out_h + d0;
+        const int d0 = 64 * warp + 16 * qd;
+        if (num_splits <= 1) {
+          T* d = static_cast<T*>(p.out) + req * p.stride_out_b + s * p.stride_out_s + hq * p.stride_out_h + d0;
 #pragma unroll
-            for (int k = 0; k < 4; ++k) *reinterpret_cast<uint32_t*>(d + 2 * k) = pack2<T>(v[2 * k], v[2 * k + 1]);
-          } else {
-            float4* d = reinterpret_cast<float4*>(p.partial_o + (slot * p.num_rows + gr) * kKvLoraRank + d0);
-            d[0] = make_float4(v[0], v[1], v[2], v[3]);
-            d[1] = make_float4(v[4], v[5], v[6], v[7]);
-          }
+          for (int k = 0; k < 8; ++k) *reinterpret_cast<uint32_t*>(d + 2 * k) = pack2<T>(v[2 * k], v[2 * k + 1]);
+        } else {
+          float4* d = reinterpret_cast<float4*>(p.partial_o + (slot * p.num_rows + gr) * kKvLoraRank + d0);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) d[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
         }
         if (warp == 0 && qd == 0) {
           if (num_splits <= 1) p.lse[req * p.stride_lse_b + hq * p.stride_lse_h + s * p.stride_lse_s] = lse2 * kLn2;

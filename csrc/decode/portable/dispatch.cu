@@ -18,7 +18,9 @@ template <typename T, CacheFormat kFormat>
 void launch_decode_split_fp8(const DecodeParams& p);
 }  // namespace portable
 
-void run_decode_split_portable(const DecodeParams& p) {
+void run_decode_split_portable(const DecodeParams& params) {
+  DecodeParams p = params;
+  p.block_div = FastDivmod(p.block_size);  // every kernel maps key positions to pages with it
   const int block_m = block_m_for(p.num_rows, p.format);
   MLA_DISPATCH_HALF_TYPES(p.q_dtype, "q", [&] {
     MLA_DISPATCH_CACHE_FORMAT(p.format, [&] {

@@ -12,14 +12,14 @@ namespace mla::decode::portable {
 // Page id of position `key` of a request whose block-table row is `bt`, or -1 at or past kv_len.
 // (Split from the address so that a kernel can read the block table a tile ahead.)
 __device__ __forceinline__ int cache_page(const DecodeParams& p, const int32_t* bt, int key, int kv_len) {
-  return key < kv_len ? bt[key / p.block_size] : -1;
+  return key < kv_len ? bt[p.block_div.div(key)] : -1;
 }
 // Cache row of position `key` on page `page`, or nullptr when the page id is out of range
 // (negative: past the sequence). Such rows are zero-filled, never read.
 __device__ __forceinline__ const uint8_t* cache_row_on(const DecodeParams& p, int page, int key) {
   if (page < 0 || page >= p.num_blocks) return nullptr;
   return static_cast<const uint8_t*>(p.kv_cache) + page * p.stride_cache_block_bytes +
-         (key % p.block_size) * p.stride_cache_token_bytes;
+         p.block_div.mod(key, p.block_div.div(key)) * p.stride_cache_token_bytes;
 }
 __device__ __forceinline__ const uint8_t* cache_row(const DecodeParams& p, const int32_t* bt, int key, int kv_len) {
   return cache_row_on(p, cache_page(p, bt, key, kv_len), key);
