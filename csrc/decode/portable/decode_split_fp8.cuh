@@ -71,6 +71,9 @@ struct Fp8SplitConfig {
   static constexpr int kF16Steps = 8;
   static constexpr int kQSteps = 9;
   static constexpr int kLoadThreadsPerRow = kTeamThreads / kBlockN;  // 4
+  // Softmax weights may reach 2^kMaxSlack (see the lazy maximum in the kernel): P' = P scale / R
+  // <= 2^(14 + slack) must stay below fp16's 65504 for fp8_ds_mla; fp8's P' = P has room.
+  static constexpr float kMaxSlack = kDsMla ? 1.f : 8.f;
 
   // Shared memory (bytes). The Q tile is only read while building the fragments at the start of
   // a piece, so it shares its space with team 0's split-K reduction buffer.
@@ -162,31 +165,46 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     // so that issuing the copies never waits for the block table.
     const int load_row = ttid / C::kLoadThreadsPerRow, sub = ttid % C::kLoadThreadsPerRow;
     auto page_of = [&](int t) { return t < tile_end ? cache_page(p, bt, t * kBlockN + load_row, kv_len) : -1; };
-    // cp.async of the team's tile t (relative to the request), page `page`, into stage `stage`.
-    auto load_tile = [&](int t, int stage, int page) {
+    // cp.async of the team's tile t (relative to the request), page `page`, into stage `stage`,
+    // in two halves (issue_row(c, 0), issue_row(c, 1)) so that a warp's copies do not queue up
+    // in one burst: the second half goes out after the tile's QK^T.
+    struct RowCopy {
+      const uint8_t* src;  // this thread's 16-byte column of the cache row
+      uint32_t dst;        // shared address of the row in its stage
+      bool ok;
+    };
+    constexpr int kJ = C::kDsMla ? kKvLoraRank / 64 : kLatentDim / 64;  // e4m3 chunks: 8 or 9 per thread
+    auto prepare_row = [&](int t, int stage, int page) {
       const int r = load_row;
-      const int key = t * kBlockN + r;
-      const uint8_t* row = cache_row_on(p, page, key);
+      const uint8_t* row = cache_row_on(p, page, t * kBlockN + r);
       const bool ok = row != nullptr;
-      const uint8_t* src = ok ? row : static_cast<const uint8_t*>(p.kv_cache);  // any valid address
       uint8_t* st = team_smem + C::kOffStages + stage * C::kStageBytes;
       if (sub == 0) st[C::kStageKeyBytes + C::kStageScaleBytes + r] = ok;
-      // Thread `sub` copies raw chunks 4 j + sub. Chunk c of key r lives at c ^ f(r); with
-      // x = sub ^ f(r) that is 8 (j / 2) + (j odd ? x ^ 4 : x): two base addresses, immediates.
-      const uint32_t row_dst = smem_addr(st) + r * C::kKeyBytes;
-      const int x = sub ^ key_swizzle(r);
-      const uint32_t even = row_dst + (x << 4), odd = row_dst + ((x ^ 4) << 4);
-      const uint8_t* src_sub = src + 16 * sub;
-      constexpr int kJ = C::kDsMla ? kKvLoraRank / 64 : kLatentDim / 64;  // e4m3 chunks: 8 or 9 per thread
+      return RowCopy{(ok ? row : static_cast<const uint8_t*>(p.kv_cache)) + 16 * sub,  // any valid address
+                     smem_addr(st) + r * C::kKeyBytes, ok};
+    };
+    // Thread `sub` copies raw chunks 4 j + sub. Chunk c of key r lives at c ^ f(r); with
+    // x = sub ^ f(r) that is 8 (j / 2) + (j odd ? x ^ 4 : x): two offsets, the rest immediates.
+    const int x_swz = sub ^ key_swizzle(load_row);
+    const uint32_t off_even = x_swz << 4, off_odd = (x_swz ^ 4) << 4;
+    auto issue_row = [&](const RowCopy& c, int half) {
 #pragma unroll
-      for (int j = 0; j < kJ; ++j) cp_async16((j % 2 ? odd : even) + 128 * (j / 2), src_sub + 64 * j, ok);
-      if constexpr (C::kDsMla) {
+      for (int j = 0; j < kJ; ++j)
+        if ((j < kJ / 2) == (half == 0))
+          cp_async16(c.dst + (j % 2 ? off_odd : off_even) + 128 * (j / 2), c.src + 64 * j, c.ok);
+      if (C::kDsMla && half == 1) {
         // k_pe: raw chunks 33 + sub, 37 + sub -> chunks 32 + sub, 36 + sub; the scales (raw chunk 32)
-        // go to their own array.
-        cp_async16(even + 128 * 4, src_sub + kDsMlaRopeOffset, ok);
-        cp_async16(odd + 128 * 4, src_sub + kDsMlaRopeOffset + 64, ok);
-        if (sub == 0) cp_async16(smem_addr(st) + C::kStageKeyBytes + 16 * r, src + kDsMlaScaleOffset, ok);
+        // go to their own array after the stage's keys (thread sub 0, whose c.src is the row).
+        cp_async16(c.dst + off_even + 128 * 4, c.src + kDsMlaRopeOffset, c.ok);
+        cp_async16(c.dst + off_odd + 128 * 4, c.src + kDsMlaRopeOffset + 64, c.ok);
+        if (sub == 0)
+          cp_async16(c.dst - load_row * C::kKeyBytes + C::kStageKeyBytes + 16 * load_row, c.src + kDsMlaScaleOffset, c.ok);
       }
+    };
+    auto load_tile = [&](int t, int stage, int page) {
+      const RowCopy c = prepare_row(t, stage, page);
+      issue_row(c, 0);
+      issue_row(c, 1);
     };
 
     float o[2][4][4];  // [set S][n-tile j][C fragment c]: dims 64 warp + 16 qd + 8 (c % 2) + 4 S + j
@@ -275,11 +293,13 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       const int li = i / C::kTeams, stage = li % C::kStages;
       sm80::cp_async_wait<0>();
       team_sync();  // tile i landed for the team; the team is done with its previous tile
-      if (i + C::kTeams < num_tiles) {
-        load_tile(tile_begin + i + C::kTeams, (li + 1) % C::kStages, next_page);
+      const bool load_next = i + C::kTeams < num_tiles;
+      RowCopy next_copy{};
+      if (load_next) {
+        next_copy = prepare_row(tile_begin + i + C::kTeams, (li + 1) % C::kStages, next_page);
+        issue_row(next_copy, 0);
         next_page = page_of(tile_begin + i + 2 * C::kTeams);
       }
-      sm80::cp_async_commit();
       const uint32_t kbase = stage_base + stage * C::kStageBytes;
       const uint8_t* st = team_smem + C::kOffStages + stage * C::kStageBytes;
       const float* scales = reinterpret_cast<const float*>(st + C::kStageKeyBytes);
@@ -348,6 +368,8 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
           }
         }
       }
+      if (load_next) issue_row(next_copy, 1);
+      sm80::cp_async_commit();
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const int key = 32 * kh + 8 * nt + 2 * qd;
@@ -391,9 +413,11 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         const float4 mx0 = *reinterpret_cast<const float4*>(red + r * C::kTeamWarps);
         const float4 mx1 = *reinterpret_cast<const float4*>(red + r * C::kTeamWarps + 4);
         const float tile_max = fmaxf(fmaxf(fmaxf(mx0.x, mx0.y), fmaxf(mx0.z, mx0.w)), fmaxf(fmaxf(mx1.x, mx1.y), fmaxf(mx1.z, mx1.w)));
-        const float m_new = fmaxf(m[h], tile_max);
+        // Lazy maximum: the running max moves only when the tile's exceeds it by more than
+        // kMaxSlack (log2 units), so most tiles skip the O rescale below; P <= 2^kMaxSlack.
+        const float m_new = tile_max > m[h] + C::kMaxSlack ? tile_max : m[h];
         const float base = m_new == -INFINITY ? 0.f : m_new;
-        const float alpha = sm80::fast_exp2(m[h] - base);
+        const float alpha = m_new == m[h] ? 1.f : sm80::fast_exp2(m[h] - base);  // exactly 1: skips the rescale
         const float p0 = sm80::fast_exp2(sc[2 * h] - base), p1 = sm80::fast_exp2(sc[2 * h + 1] - base);
         l[h] = l[h] * alpha + p0 + p1;
         m[h] = m_new;
