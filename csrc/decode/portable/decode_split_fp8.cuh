@@ -90,7 +90,8 @@ struct Fp8SplitConfig {
   static constexpr int kPStride = kBlockN + 8;               // halves
   static constexpr int kPBytes = kRows * kPStride * 2;
   static constexpr int kRedBytes = kTeamWarps * kRows * 4;
-  static constexpr int kTeamBytes = kStages * kStageBytes + kPBytes + kRedBytes;
+  static constexpr int kExceedBytes = 128;                   // one flag byte per warp (padded)
+  static constexpr int kTeamBytes = kStages * kStageBytes + kPBytes + kRedBytes + kExceedBytes;
   static constexpr int kOffQ = 0;                            // = team 0's red_s
   static constexpr int kOffRedS1 = kQRedBytes;               // team 1's red_s
   static constexpr int kOffTeam = kOffRedS1 + kRedSBytes;    // team t at kOffTeam + t * kTeamBytes
@@ -102,6 +103,7 @@ struct Fp8SplitConfig {
   static constexpr int kOffStages = 0;
   static constexpr int kOffP = kStages * kStageBytes;
   static constexpr int kOffRed = kOffP + kPBytes;
+  static constexpr int kOffExceed = kOffRed + kRedBytes;
   // End-of-piece exchange (team 1 -> team 0) in team 1's stages: o (32 floats per thread,
   // float index k * 256 + thread), then m and l per row, then R per warp.
   static constexpr int kXchgFloats = 32 * kTeamThreads + 2 * kRows + kTeamWarps;
@@ -133,6 +135,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
   const int vt = warp / 2;                // PV: this warp's output dims 64 warp .. + 63 lie in tile vt
   uint8_t* const team_smem = smem + C::kOffTeam + team * C::kTeamBytes;
   float* const red = reinterpret_cast<float*>(team_smem + C::kOffRed);
+  uint8_t* const exceed_s = team_smem + C::kOffExceed;
   float* const red_s = reinterpret_cast<float*>(smem + (team == 0 ? C::kOffQ : C::kOffRedS1));
   __half* const p_tile = reinterpret_cast<__half*>(team_smem + C::kOffP);
   float* const xchg = reinterpret_cast<float*>(smem + C::kOffTeam + C::kTeamBytes);  // team 1's stages
@@ -403,28 +406,53 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         if (qd == 0) red[(grp + 8 * h) * C::kTeamWarps + warp] = mx;
       }
-      team_sync();
 
-      // ---- online softmax; P (fp16) to shared memory; o *= exp2(m_old - m) * R_old / R.
-      float rescale[2];
+      // ---- online softmax, speculatively with the running maximum m: P = 2^(s - m) (fp16) to
+      // shared memory. That is the answer unless a key of the tile exceeds m by more than
+      // kMaxSlack (the lazy maximum: m moves only then, so P <= 2^kMaxSlack; always so on a
+      // piece's first tile, m = -inf). One flag per warp tells the team after the barrier that
+      // P must be redone with the new maximum, which the row maxima in `red` already give.
+      bool exceed = false;
+      float pk[4];
+      const int pcol0 = 8 * warp + 2 * ((2 * qd) % 4) + qd / 2;      // keys kcol, kcol + 1 (kcol % 8 = 2 qd)
+      const int pcol1 = 8 * warp + 2 * ((2 * qd + 1) % 4) + qd / 2;  // at their permuted places
+      auto write_p = [&](int h, float p0, float p1) {
+        p_tile[(grp + 8 * h) * C::kPStride + pcol0] = __float2half_rn(p0);
+        p_tile[(grp + 8 * h) * C::kPStride + pcol1] = __float2half_rn(p1);
+      };
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = grp + 8 * h;
-        const float4 mx0 = *reinterpret_cast<const float4*>(red + r * C::kTeamWarps);
-        const float4 mx1 = *reinterpret_cast<const float4*>(red + r * C::kTeamWarps + 4);
-        const float tile_max = fmaxf(fmaxf(fmaxf(mx0.x, mx0.y), fmaxf(mx0.z, mx0.w)), fmaxf(fmaxf(mx1.x, mx1.y), fmaxf(mx1.z, mx1.w)));
-        // Lazy maximum: the running max moves only when the tile's exceeds it by more than
-        // kMaxSlack (log2 units), so most tiles skip the O rescale below; P <= 2^kMaxSlack.
-        const float m_new = tile_max > m[h] + C::kMaxSlack ? tile_max : m[h];
-        const float base = m_new == -INFINITY ? 0.f : m_new;
-        const float alpha = m_new == m[h] ? 1.f : sm80::fast_exp2(m[h] - base);  // exactly 1: skips the rescale
-        const float p0 = sm80::fast_exp2(sc[2 * h] - base), p1 = sm80::fast_exp2(sc[2 * h + 1] - base);
-        l[h] = l[h] * alpha + p0 + p1;
-        m[h] = m_new;
-        // keys kcol, kcol + 1 (kcol % 8 = 2 qd) at their permuted places
-        p_tile[r * C::kPStride + 8 * warp + 2 * ((2 * qd) % 4) + qd / 2] = __float2half_rn(p0);
-        p_tile[r * C::kPStride + 8 * warp + 2 * ((2 * qd + 1) % 4) + qd / 2] = __float2half_rn(p1);
-        rescale[h] = alpha * v_rescale;
+        const float base = m[h] == -INFINITY ? 0.f : m[h];
+        pk[2 * h] = sm80::fast_exp2(sc[2 * h] - base), pk[2 * h + 1] = sm80::fast_exp2(sc[2 * h + 1] - base);
+        exceed |= fmaxf(sc[2 * h], sc[2 * h + 1]) > m[h] + C::kMaxSlack;
+        write_p(h, pk[2 * h], pk[2 * h + 1]);
+      }
+      const bool warp_exceeds = __any_sync(0xffffffffu, exceed);
+      if (lane == 0) exceed_s[warp] = warp_exceeds;
+      team_sync();
+
+      float rescale[2] = {v_rescale, v_rescale};  // o *= exp2(m_old - m) * R_old / R
+      const uint2 any_exceed = *reinterpret_cast<const uint2*>(exceed_s);  // the 8 warps' flags
+      if ((any_exceed.x | any_exceed.y) != 0) {  // the same branch for the whole team
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = grp + 8 * h;
+          const float4 mx0 = *reinterpret_cast<const float4*>(red + r * C::kTeamWarps);
+          const float4 mx1 = *reinterpret_cast<const float4*>(red + r * C::kTeamWarps + 4);
+          const float tile_max = fmaxf(fmaxf(fmaxf(mx0.x, mx0.y), fmaxf(mx0.z, mx0.w)), fmaxf(fmaxf(mx1.x, mx1.y), fmaxf(mx1.z, mx1.w)));
+          const float m_new = tile_max > m[h] + C::kMaxSlack ? tile_max : m[h];
+          const float base = m_new == -INFINITY ? 0.f : m_new;
+          const float alpha = m_new == m[h] ? 1.f : sm80::fast_exp2(m[h] - base);  // exactly 1: skips the rescale
+          pk[2 * h] = sm80::fast_exp2(sc[2 * h] - base), pk[2 * h + 1] = sm80::fast_exp2(sc[2 * h + 1] - base);
+          l[h] = l[h] * alpha + pk[2 * h] + pk[2 * h + 1];
+          m[h] = m_new;
+          write_p(h, pk[2 * h], pk[2 * h + 1]);
+          rescale[h] *= alpha;
+        }
+        team_sync();  // the redone P
+      } else {
+        l[0] += pk[0] + pk[1];
+        l[1] += pk[2] + pk[3];
       }
       // Most tiles change neither the row maxima nor R: skip the 32 multiplies then.
       if (!__all_sync(0xffffffffu, rescale[0] == 1.f && rescale[1] == 1.f)) {
@@ -435,7 +463,6 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
 #pragma unroll
             for (int j = 0; j < 4; ++j) o[S][j][2 * h] *= rescale[h], o[S][j][2 * h + 1] *= rescale[h];
       }
-      team_sync();
 
       // ---- O[:, 64 warp ..] += P' V8.
       const int pv_chunk = 4 * warp + grp / 2;
