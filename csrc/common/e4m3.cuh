@@ -71,7 +71,7 @@ __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 b) {
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// 32- / 64-bit shared loads by shared-space address (fragments read straight from cache rows).
+// 32- / 64- / 128-bit shared loads by shared-space address (fragments read straight from cache rows).
 __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
@@ -80,6 +80,12 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
 __device__ __forceinline__ uint2 lds64(uint32_t addr) {
   uint2 v;
   asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
   return v;
 }
 
