@@ -20,7 +20,8 @@ extern template void launch_sparse_decode_portable<32, CacheFormat::kAuto, 2>(co
 extern template void launch_sparse_decode_portable<32, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
-extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 4>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 2>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<32, CacheFormat::kFp8DsMla, 2>(const SparseDecodeParams&);
@@ -54,7 +55,12 @@ template <int kM, CacheFormat kFormat>
 void launch_portable(const SparseDecodeParams& p, int max_smem) {
   if constexpr (kM == 16 && kFormat == CacheFormat::kFp8DsMla) {
     if (fp8_fragments_allowed(max_smem)) {
-      launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true>(p);
+      const char* env = std::getenv("MLA_EXT_SPARSE_GATHER4");  // (A/B experiment: 4 threads per row)
+      if (env != nullptr && env[0] == '1') {
+        launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 4>(p);
+      } else {
+        launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8>(p);
+      }
       return;
     }
   }

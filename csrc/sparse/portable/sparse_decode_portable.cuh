@@ -19,7 +19,7 @@
 
 namespace mla::sparse {
 
-template <int kM_, CacheFormat kFormat_, int kStages_, bool kE4m3Frags_ = false>
+template <int kM_, CacheFormat kFormat_, int kStages_, bool kE4m3Frags_ = false, int kRowThreads_ = 4>
 struct PortableConfig {
   static constexpr int kM = kM_;                     // query heads per CTA: 16, 32 or 64
   static constexpr CacheFormat kFormat = kFormat_;
@@ -28,6 +28,11 @@ struct PortableConfig {
   static_assert(kFormat == CacheFormat::kAuto || kDsMla, "sparse decode reads auto (bf16) or fp8_ds_mla caches");
 
   static constexpr int kWarps = 8;
+  // Row gather: kRowThreads threads per row, each copying every kRowThreads-th 16-byte chunk, so
+  // one warp-wide copy covers 32 / kRowThreads rows x 16 kRowThreads contiguous bytes; every
+  // thread handles kRowThreads / 4 rows of a 64-key tile.
+  static constexpr int kRowThreads = kRowThreads_;
+  static_assert(kRowThreads == 4 || kRowThreads == 8, "4 or 8 threads per gathered row");
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kN = 64;                      // keys (gathered rows) per tile
   // QK^T: warp (row_group, col_group) computes rows [16 row_group, +16) of the head tile for the
@@ -214,51 +219,61 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (lane == 0) s_row_exp[r] = e;
     }
   };
-  // One tile of gathered rows: 4 threads per row, each issues its row's chunks part, part + 4, ...
-  // so one thread computes one row address and keeps ~10-18 16-byte copies in flight.
+  // One tile of gathered rows: kRowThreads threads per row, each issues its row's chunks part,
+  // part + kRowThreads, ... so one thread computes kRowThreads / 4 row addresses and keeps ~10-18
+  // 16-byte copies in flight.
   // Invalid keys (negative, past the cache, past topk_length) are zero-filled and never read.
   // Tiles are loaded in order; each thread's slot for the next tile is fetched one load ahead,
   // so the index read never stalls the issue of the row copies. The fetch is issued after the
   // copies (volatile asm keeps the order), when the old slot is dead: the load then writes the
   // loop-carried register itself, instead of a copy that would wait for the load at the end of
   // every tile.
-  const int load_row = tid / 4;
-  auto fetch_slot = [&](int tile) -> int32_t {
-    const int key = tile * kN + load_row;
+  constexpr int kRowT = Cfg::kRowThreads, kRowsPerPass = Cfg::kThreads / kRowT, kPasses = kN / kRowsPerPass;
+  const int load_row = tid / kRowT;
+  auto fetch_slot = [&](int tile, int pass) -> int32_t {
+    const int key = tile * kN + load_row + kRowsPerPass * pass;
     int32_t v = -1;
     if (key < num_keys) asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(idx_row + key));
     return v;
   };
-  int32_t next_slot = fetch_slot(tile_begin);
+  int32_t next_slot[kPasses];
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = fetch_slot(tile_begin, pass);
   // Slots are int32: block_size clamped to 2^31 divides them exactly like the int64 value.
   const uint32_t block_size32 = p.block_size < (int64_t(1) << 31) ? static_cast<uint32_t>(p.block_size) : 0x80000000u;
   auto load_tile = [&](int tile, uint8_t* dst, int valid_slot) {
-    const int r = load_row, part = tid % 4;
-    const int32_t slot = next_slot;
-    const bool ok = slot >= 0 && slot < p.num_slots;
-    if (part == 0) s_valid[valid_slot * kN + r] = ok;
-    // 32-bit unsigned division (the cache strides stay 64-bit).
-    const uint32_t blk = ok ? static_cast<uint32_t>(slot) / block_size32 : 0u;
-    const uint32_t tok = ok ? static_cast<uint32_t>(slot) - blk * block_size32 : 0u;
-    const uint8_t* row = ok ? cache + int64_t(blk) * p.stride_cache_block_bytes + int64_t(tok) * p.stride_cache_token_bytes
-                            : cache;
-    if constexpr (!Cfg::kDsMla) {
+    const int part = tid % kRowT;
 #pragma unroll
-      for (int j = 0; j < kChunks / 4; ++j) {
-        const int c = part + 4 * j;
-        sm80::cp_async16(sm80::smem_addr(dst + swz<kChunks>(r, c)), row + 16 * c, ok);
-      }
-    } else {
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int r = load_row + kRowsPerPass * pass;
+      const int32_t slot = next_slot[pass];
+      const bool ok = slot >= 0 && slot < p.num_slots;
+      if (part == 0) s_valid[valid_slot * kN + r] = ok;
+      // 32-bit unsigned division (the cache strides stay 64-bit).
+      const uint32_t blk = ok ? static_cast<uint32_t>(slot) / block_size32 : 0u;
+      const uint32_t tok = ok ? static_cast<uint32_t>(slot) - blk * block_size32 : 0u;
+      const uint8_t* row = ok ? cache + int64_t(blk) * p.stride_cache_block_bytes + int64_t(tok) * p.stride_cache_token_bytes
+                              : cache;
+      if constexpr (!Cfg::kDsMla) {
 #pragma unroll
-      for (int j = 0; j < (Cfg::kRawChunks + 3) / 4; ++j) {
-        const int c = part + 4 * j;
-        if (c < Cfg::kRawChunks) {
-          sm80::cp_async16(sm80::smem_addr(dst + r * kDsMlaRowBytes + 16 * c), row + 16 * c, ok);
+        for (int j = 0; j < kChunks / kRowT; ++j) {
+          const int c = part + kRowT * j;
+          sm80::cp_async16(sm80::smem_addr(dst + swz<kChunks>(r, c)), row + 16 * c, ok);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < (Cfg::kRawChunks + kRowT - 1) / kRowT; ++j) {
+          const int c = part + kRowT * j;
+          if (c < Cfg::kRawChunks) {
+            sm80::cp_async16(sm80::smem_addr(dst + r * kDsMlaRowBytes + 16 * c), row + 16 * c, ok);
+          }
         }
       }
     }
-    next_slot = fetch_slot(tile + 1);
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = fetch_slot(tile + 1, pass);
   };
+
   // fp8_ds_mla staging -> K tile: kv_c e4m3 -> fp16 (exact, one cvt per two values, no scale),
   // k_pe copied (bf16); the 4 tile scales per key go to s_kscale and are applied to the partial
   // scores and to P (see compute_tile). Fixed work per thread, no branches: lane c converts 16-byte
@@ -910,9 +925,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 }
 
-template <int kM, CacheFormat kFormat, int kStages, bool kE4m3Frags = false>
+template <int kM, CacheFormat kFormat, int kStages, bool kE4m3Frags = false, int kRowThreads = 4>
 void launch_sparse_decode_portable(const SparseDecodeParams& p) {
-  using Cfg = PortableConfig<kM, kFormat, kStages, kE4m3Frags>;
+  using Cfg = PortableConfig<kM, kFormat, kStages, kE4m3Frags, kRowThreads>;
   auto kernel = sparse_decode_portable_kernel<Cfg>;
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((p.h_q + kM - 1) / kM, p.num_splits, p.batch * p.s_q);
