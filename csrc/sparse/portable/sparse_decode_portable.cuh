@@ -19,7 +19,7 @@
 
 namespace mla::sparse {
 
-template <int kM_, CacheFormat kFormat_, int kStages_, bool kE4m3Frags_ = false, int kRowThreads_ = 4>
+template <int kM_, CacheFormat kFormat_, int kStages_, bool kE4m3Frags_ = false, int kRowThreads_ = 8>
 struct PortableConfig {
   static constexpr int kM = kM_;                     // query heads per CTA: 16, 32 or 64
   static constexpr CacheFormat kFormat = kFormat_;
@@ -29,10 +29,11 @@ struct PortableConfig {
 
   static constexpr int kWarps = 8;
   // Row gather: kRowThreads threads per row, each copying every kRowThreads-th 16-byte chunk, so
-  // one warp-wide copy covers 32 / kRowThreads rows x 16 kRowThreads contiguous bytes; every
-  // thread handles kRowThreads / 4 rows of a 64-key tile.
+  // one warp-wide copy covers 32 / kRowThreads rows x 16 kRowThreads contiguous bytes (fewer
+  // cache lines per copy instruction with more threads per row); every thread handles
+  // kRowThreads / 4 rows of a 64-key tile (one slot and one division each).
   static constexpr int kRowThreads = kRowThreads_;
-  static_assert(kRowThreads == 4 || kRowThreads == 8, "4 or 8 threads per gathered row");
+  static_assert(kRowThreads == 4 || kRowThreads == 8 || kRowThreads == 16, "4, 8 or 16 threads per gathered row");
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kN = 64;                      // keys (gathered rows) per tile
   // QK^T: warp (row_group, col_group) computes rows [16 row_group, +16) of the head tile for the
@@ -256,9 +257,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                               : cache;
       if constexpr (!Cfg::kDsMla) {
 #pragma unroll
-        for (int j = 0; j < kChunks / kRowT; ++j) {
+        for (int j = 0; j < (kChunks + kRowT - 1) / kRowT; ++j) {
           const int c = part + kRowT * j;
-          sm80::cp_async16(sm80::smem_addr(dst + swz<kChunks>(r, c)), row + 16 * c, ok);
+          if (kChunks % kRowT == 0 || c < kChunks) {
+            sm80::cp_async16(sm80::smem_addr(dst + swz<kChunks>(r, c)), row + 16 * c, ok);
+          }
         }
       } else {
 #pragma unroll
@@ -925,7 +928,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 }
 
-template <int kM, CacheFormat kFormat, int kStages, bool kE4m3Frags = false, int kRowThreads = 4>
+template <int kM, CacheFormat kFormat, int kStages, bool kE4m3Frags = false, int kRowThreads = 8>
 void launch_sparse_decode_portable(const SparseDecodeParams& p) {
   using Cfg = PortableConfig<kM, kFormat, kStages, kE4m3Frags, kRowThreads>;
   auto kernel = sparse_decode_portable_kernel<Cfg>;
