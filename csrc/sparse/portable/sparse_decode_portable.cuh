@@ -53,10 +53,10 @@ struct PortableConfig {
   static constexpr bool kSplitDimsQK = kM == 16;
   // fp8_ds_mla, 16 heads: no K tile. The warps read their MMA fragments straight from the e4m3
   // staging rows and convert them in registers (each byte once per CTA: the split-dims QK^T and
-  // the all-rows PV give every (key, dim) to exactly one warp), with permuted k indices so that a
-  // B fragment is one 32-bit load (csrc/decode/README.md, "fp8 caches with 16 query rows").
-  // Without the 72 KB K tile and the dequantisation pass (all threads, two barriers per tile),
-  // four tiles of rows are in flight.
+  // the all-rows PV give every (key, dim) to exactly one warp), with permuted k indices so that B
+  // fragments come from 16-byte (QK^T) or 32-bit (PV) loads (csrc/decode/README.md, "fp8 caches
+  // with 16 query rows"). Without the 72 KB K tile and the dequantisation pass (all threads, two
+  // barriers per tile), four staging buffers fit: the main loop pipelines PV(t) with QK^T(t + 1).
   static constexpr bool kE4m3Frags = kE4m3Frags_;
   static_assert(!kE4m3Frags || (kDsMla && kM == 16), "e4m3 fragments: fp8_ds_mla with 16-head tiles");
   // PV: every warp takes all kM rows and 64 output columns (warp w: 64 w .. + 63), so each V
@@ -222,7 +222,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   // One tile of gathered rows: kRowThreads threads per row, each issues its row's chunks part,
   // part + kRowThreads, ... so one thread computes kRowThreads / 4 row addresses and keeps ~10-18
-  // 16-byte copies in flight.
+  // 16-byte copies in flight. 8 threads per row measured faster than 4 (fewer cache lines per
+  // copy instruction) in every kernel, 16 no better than 8 (csrc/sparse/README.md).
   // Invalid keys (negative, past the cache, past topk_length) are zero-filled and never read.
   // Tiles are loaded in order; each thread's slot for the next tile is fetched one load ahead,
   // so the index read never stalls the issue of the row copies. The fetch is issued after the
