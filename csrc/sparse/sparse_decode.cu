@@ -14,18 +14,22 @@
 namespace mla {
 namespace sparse {
 // Compiled in portable/instantiations/*.cu.
-extern template void launch_sparse_decode_portable<16, CacheFormat::kAuto, 2>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<16, CacheFormat::kAuto, 2, false, 4>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<16, CacheFormat::kAuto, 2, false, 8>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<16, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<32, CacheFormat::kAuto, 2>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<32, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
-extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2, false, 4>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2, false, 8>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
-extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 4>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 2>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<32, CacheFormat::kFp8DsMla, 2>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<32, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
-extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1, false, 4>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1, false, 8>(const SparseDecodeParams&);
 
 namespace {
 
@@ -50,11 +54,22 @@ bool fp8_fragments_allowed(int max_smem) {
   return !dequant && Frags::kSmemBytes <= max_smem;
 }
 
+// Threads per gathered row (PortableConfig::kRowThreads): kDefault, or one of kOthers when
+// MLA_EXT_SPARSE_ROW_THREADS names it (for comparisons and tests).
+template <int kM, CacheFormat kFormat, int kStages, bool kFrags, int kDefault, int... kOthers>
+void launch_rows(const SparseDecodeParams& p) {
+  const char* env = std::getenv("MLA_EXT_SPARSE_ROW_THREADS");
+  const int want = env != nullptr ? std::atoi(env) : 0;
+  bool done = false;
+  ((!done && want == kOthers ? (launch_sparse_decode_portable<kM, kFormat, kStages, kFrags, kOthers>(p), done = true) : false), ...);
+  if (!done) launch_sparse_decode_portable<kM, kFormat, kStages, kFrags, kDefault>(p);
+}
+
 template <int kM, CacheFormat kFormat>
 void launch_portable(const SparseDecodeParams& p, int max_smem) {
   if constexpr (kM == 16 && kFormat == CacheFormat::kFp8DsMla) {
     if (fp8_fragments_allowed(max_smem)) {
-      launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true>(p);
+      launch_rows<16, CacheFormat::kFp8DsMla, 4, true, 8, 4>(p);
       return;
     }
   }
@@ -63,14 +78,24 @@ void launch_portable(const SparseDecodeParams& p, int max_smem) {
   constexpr int kDeep = kDeepStages<kM, kFormat>;
   if constexpr (kDeep > 1) {
     if (PortableConfig<kM, kFormat, kDeep>::kSmemBytes <= max_smem) {
-      launch_sparse_decode_portable<kM, kFormat, kDeep>(p);
+      if constexpr (kM == 16 && kFormat == CacheFormat::kAuto) {
+        launch_rows<16, CacheFormat::kAuto, 2, false, 8, 4>(p);
+      } else if constexpr (kM == 64 && kFormat == CacheFormat::kAuto) {
+        launch_rows<64, CacheFormat::kAuto, 2, false, 8, 4>(p);
+      } else {
+        launch_sparse_decode_portable<kM, kFormat, kDeep>(p);
+      }
       return;
     }
   }
   constexpr int kSmem = PortableConfig<kM, kFormat, 1>::kSmemBytes;
   MLA_HOST_CHECK(kSmem <= max_smem, "sparse decode needs " + std::to_string(kSmem) +
                                         " bytes of shared memory per block, this GPU allows " + std::to_string(max_smem));
-  launch_sparse_decode_portable<kM, kFormat, 1>(p);
+  if constexpr (kM == 64 && kFormat == CacheFormat::kFp8DsMla) {
+    launch_rows<64, CacheFormat::kFp8DsMla, 1, false, 8, 4>(p);
+  } else {
+    launch_sparse_decode_portable<kM, kFormat, 1>(p);
+  }
 }
 
 }  // namespace

@@ -19,7 +19,7 @@
 
 namespace mla::sparse {
 
-template <int kM_, CacheFormat kFormat_, int kStages_, bool kE4m3Frags_ = false>
+template <int kM_, CacheFormat kFormat_, int kStages_, bool kE4m3Frags_ = false, int kRowThreads_ = 8>
 struct PortableConfig {
   static constexpr int kM = kM_;                     // query heads per CTA: 16, 32 or 64
   static constexpr CacheFormat kFormat = kFormat_;
@@ -28,6 +28,12 @@ struct PortableConfig {
   static_assert(kFormat == CacheFormat::kAuto || kDsMla, "sparse decode reads auto (bf16) or fp8_ds_mla caches");
 
   static constexpr int kWarps = 8;
+  // Row gather: kRowThreads threads per row, each copying every kRowThreads-th 16-byte chunk, so
+  // one warp-wide copy covers 32 / kRowThreads rows x 16 kRowThreads contiguous bytes (fewer
+  // cache lines per copy instruction with more threads per row); every thread handles
+  // kRowThreads / 4 rows of a 64-key tile (one slot and one division each).
+  static constexpr int kRowThreads = kRowThreads_;
+  static_assert(kRowThreads == 4 || kRowThreads == 8 || kRowThreads == 16, "4, 8 or 16 threads per gathered row");
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kN = 64;                      // keys (gathered rows) per tile
   // QK^T: warp (row_group, col_group) computes rows [16 row_group, +16) of the head tile for the
@@ -47,10 +53,10 @@ struct PortableConfig {
   static constexpr bool kSplitDimsQK = kM == 16;
   // fp8_ds_mla, 16 heads: no K tile. The warps read their MMA fragments straight from the e4m3
   // staging rows and convert them in registers (each byte once per CTA: the split-dims QK^T and
-  // the all-rows PV give every (key, dim) to exactly one warp), with permuted k indices so that a
-  // B fragment is one 32-bit load (csrc/decode/README.md, "fp8 caches with 16 query rows").
-  // Without the 72 KB K tile and the dequantisation pass (all threads, two barriers per tile),
-  // four tiles of rows are in flight.
+  // the all-rows PV give every (key, dim) to exactly one warp), with permuted k indices so that B
+  // fragments come from 16-byte (QK^T) or 32-bit (PV) loads (csrc/decode/README.md, "fp8 caches
+  // with 16 query rows"). Without the 72 KB K tile and the dequantisation pass (all threads, two
+  // barriers per tile), four staging buffers fit: the main loop pipelines PV(t) with QK^T(t + 1).
   static constexpr bool kE4m3Frags = kE4m3Frags_;
   static_assert(!kE4m3Frags || (kDsMla && kM == 16), "e4m3 fragments: fp8_ds_mla with 16-head tiles");
   // PV: every warp takes all kM rows and 64 output columns (warp w: 64 w .. + 63), so each V
@@ -110,6 +116,14 @@ struct PortableConfig {
 template <int kRowChunks>
 __device__ __forceinline__ uint32_t swz(int r, int c) {
   return static_cast<uint32_t>((r * kRowChunks + (c ^ (r & 7))) * 16);
+}
+
+// 2^x by the MUFU (ex2.approx.ftz: exp2f's accuracy; results below 2^-126 flush to 0, which the
+// fp16/bf16 P and the fp32 sums could not hold apart from 0 anyway; 2^-inf = 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 __device__ __forceinline__ float sink_factor(float lse, float sink) {
@@ -206,42 +220,64 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (lane == 0) s_row_exp[r] = e;
     }
   };
-  // One tile of gathered rows: 4 threads per row, each issues its row's chunks part, part + 4, ...
-  // so one thread computes one row address and keeps ~10-18 16-byte copies in flight.
+  // One tile of gathered rows: kRowThreads threads per row, each issues its row's chunks part,
+  // part + kRowThreads, ... so one thread computes kRowThreads / 4 row addresses and keeps ~10-18
+  // 16-byte copies in flight. 8 threads per row measured faster than 4 (fewer cache lines per
+  // copy instruction) in every kernel, 16 no better than 8 (csrc/sparse/README.md).
   // Invalid keys (negative, past the cache, past topk_length) are zero-filled and never read.
   // Tiles are loaded in order; each thread's slot for the next tile is fetched one load ahead,
-  // so the index read never stalls the issue of the row copies.
-  const int load_row = tid / 4;
-  auto fetch_slot = [&](int tile) -> int32_t {
-    const int key = tile * kN + load_row;
-    return key < num_keys ? idx_row[key] : -1;
+  // so the index read never stalls the issue of the row copies. The fetch is issued after the
+  // copies (volatile asm keeps the order), when the old slot is dead: the load then writes the
+  // loop-carried register itself, instead of a copy that would wait for the load at the end of
+  // every tile.
+  constexpr int kRowT = Cfg::kRowThreads, kRowsPerPass = Cfg::kThreads / kRowT, kPasses = kN / kRowsPerPass;
+  const int load_row = tid / kRowT;
+  auto fetch_slot = [&](int tile, int pass) -> int32_t {
+    const int key = tile * kN + load_row + kRowsPerPass * pass;
+    int32_t v = -1;
+    if (key < num_keys) asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(idx_row + key));
+    return v;
   };
-  int32_t next_slot = fetch_slot(tile_begin);
+  int32_t next_slot[kPasses];
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = fetch_slot(tile_begin, pass);
+  // Slots are int32: block_size clamped to 2^31 divides them exactly like the int64 value.
+  const uint32_t block_size32 = p.block_size < (int64_t(1) << 31) ? static_cast<uint32_t>(p.block_size) : 0x80000000u;
   auto load_tile = [&](int tile, uint8_t* dst, int valid_slot) {
-    const int r = load_row, part = tid % 4;
-    const int64_t slot = next_slot;
-    next_slot = fetch_slot(tile + 1);
-    const bool ok = slot >= 0 && slot < p.num_slots;
-    if (part == 0) s_valid[valid_slot * kN + r] = ok;
-    const uint8_t* row = ok ? cache + (slot / p.block_size) * p.stride_cache_block_bytes +
-                                  (slot % p.block_size) * p.stride_cache_token_bytes
-                            : cache;
-    if constexpr (!Cfg::kDsMla) {
+    const int part = tid % kRowT;
 #pragma unroll
-      for (int j = 0; j < kChunks / 4; ++j) {
-        const int c = part + 4 * j;
-        sm80::cp_async16(sm80::smem_addr(dst + swz<kChunks>(r, c)), row + 16 * c, ok);
-      }
-    } else {
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int r = load_row + kRowsPerPass * pass;
+      const int32_t slot = next_slot[pass];
+      const bool ok = slot >= 0 && slot < p.num_slots;
+      if (part == 0) s_valid[valid_slot * kN + r] = ok;
+      // 32-bit unsigned division (the cache strides stay 64-bit).
+      const uint32_t blk = ok ? static_cast<uint32_t>(slot) / block_size32 : 0u;
+      const uint32_t tok = ok ? static_cast<uint32_t>(slot) - blk * block_size32 : 0u;
+      const uint8_t* row = ok ? cache + int64_t(blk) * p.stride_cache_block_bytes + int64_t(tok) * p.stride_cache_token_bytes
+                              : cache;
+      if constexpr (!Cfg::kDsMla) {
 #pragma unroll
-      for (int j = 0; j < (Cfg::kRawChunks + 3) / 4; ++j) {
-        const int c = part + 4 * j;
-        if (c < Cfg::kRawChunks) {
-          sm80::cp_async16(sm80::smem_addr(dst + r * kDsMlaRowBytes + 16 * c), row + 16 * c, ok);
+        for (int j = 0; j < (kChunks + kRowT - 1) / kRowT; ++j) {
+          const int c = part + kRowT * j;
+          if (kChunks % kRowT == 0 || c < kChunks) {
+            sm80::cp_async16(sm80::smem_addr(dst + swz<kChunks>(r, c)), row + 16 * c, ok);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < (Cfg::kRawChunks + kRowT - 1) / kRowT; ++j) {
+          const int c = part + kRowT * j;
+          if (c < Cfg::kRawChunks) {
+            sm80::cp_async16(sm80::smem_addr(dst + r * kDsMlaRowBytes + 16 * c), row + 16 * c, ok);
+          }
         }
       }
     }
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = fetch_slot(tile + 1, pass);
   };
+
   // fp8_ds_mla staging -> K tile: kv_c e4m3 -> fp16 (exact, one cvt per two values, no scale),
   // k_pe copied (bf16); the 4 tile scales per key go to s_kscale and are applied to the partial
   // scores and to P (see compute_tile). Fixed work per thread, no branches: lane c converts 16-byte
@@ -317,12 +353,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   uint32_t qf[kQf][4];
   auto load_q_frags = [&]() {
     if constexpr (Cfg::kE4m3Frags) {
-      // Permuted k: thread (grp, qd) holds dims d + 4 qd .. + 3 of rows grp and grp + 8 for every
-      // k-step (a0/a1 = dims +0, +1; a2/a3 = dims +2, +3), matching one 32-bit load of 4 e4m3 bytes.
+      // Permuted k: thread (grp, qd) holds 4 dims d .. d + 3 of rows grp and grp + 8 for every
+      // k-step (a0/a1 = dims +0, +1; a2/a3 = dims +2, +3), matching 4 e4m3 bytes of a key. kv_c
+      // k-step st of scale tile g: d = 128 g + 32 qd + 4 st, so a thread's 8 k-steps are 32
+      // consecutive bytes of a key (two 16-byte loads); k_pe: d = 512 + 16 g + 4 qd.
       const int g = warp % 4, grp = lane / 4, qd = lane % 4;
 #pragma unroll
       for (int st = 0; st < 9; ++st) {
-        const int d = (st < 8 ? 128 * g + 16 * st : kKvLoraRank + 16 * g) + 4 * qd;
+        const int d = st < 8 ? 128 * g + 32 * qd + 4 * st : kKvLoraRank + 16 * g + 4 * qd;
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
           const uint2 v = *reinterpret_cast<const uint2*>(s_q + swz<kChunks>(grp + 8 * rr, d / 8) + 2 * (d % 8));
@@ -340,17 +378,117 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   };
 
-  // One 64-key tile: S = Q K^T, online softmax with the row max shared across the column groups,
-  // P to shared memory, O += P V on this warp's output columns.
-  auto compute_tile = [&](const uint8_t* s_kt, int valid_slot) {
-    const uint32_t q_base = sm80::smem_addr(s_q), k_base = sm80::smem_addr(s_kt), p_base = sm80::smem_addr(s_p);
-    const int key0 = col_group * Cfg::kKeysPerWarp;
-    const int grp = lane / 4, qd = lane % 4;
-    // fp8_ds_mla tile scale t of key k: in the staging rows (e4m3 fragments) or s_kscale.
-    auto kscale = [&](int k, int t) -> float {
-      if constexpr (Cfg::kE4m3Frags) return *reinterpret_cast<const float*>(s_kt + k * kDsMlaRowBytes + kDsMlaScaleOffset + 4 * t);
-      else return s_kscale[4 * k + t];
+  // One 64-key tile, in phases: scores() S = Q K^T on the warp's keys; softmax_p() masks, shares
+  // the row max across the column groups, writes P to shared memory and the O rescale factors to
+  // s_corr; rescale_o(); pv() O += P V on this warp's output columns. compute_tile() runs them in
+  // order with the barrier that PV needs (P of all rows); the 16-head e4m3-fragment kernel
+  // pipelines them across tiles instead (main loop).
+  const int key0 = col_group * Cfg::kKeysPerWarp;
+  const int grp = lane / 4, qd = lane % 4;
+  float* red_s = reinterpret_cast<float*>(smem + Cfg::kOffRedS);  // 16-head: [4 groups][16 rows][kRedSStride]
+  // fp8_ds_mla tile scale t of key k: in the staging rows (e4m3 fragments) or s_kscale.
+  auto kscale = [&](const uint8_t* s_kt, int k, int t) -> float {
+    if constexpr (Cfg::kE4m3Frags) return *reinterpret_cast<const float*>(s_kt + k * kDsMlaRowBytes + kDsMlaScaleOffset + 4 * t);
+    else return s_kscale[4 * k + t];
+  };
+  // 16-head tiles: partial S of dim group g = warp % 4 for keys 32 kh .. + 31 (kh = warp / 4, 4 n8
+  // tiles) into red_s; the sum over the four groups follows a barrier (sum_dim_groups).
+  auto qk_partial = [&](const uint8_t* s_kt) {
+    const uint32_t k_base = sm80::smem_addr(s_kt);
+    auto ldmatrix_k16 = [&](uint32_t (&bk)[4], int key16, int kk) {
+      const int key = key16 + (lane / 16) * 8 + lane % 8;
+      sm80::ldmatrix_x4(bk, k_base + swz<kChunks>(key, 2 * kk + (lane / 8) % 2));
     };
+    const int g = warp % 4, kh = warp / 4;
+    float part[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) part[nt][0] = part[nt][1] = part[nt][2] = part[nt][3] = 0.f;
+    if constexpr (Cfg::kE4m3Frags) {
+      // B = 4 e4m3 bytes of key 32 kh + 8 nt + grp at dims 128 g + 32 qd + 4 st (the Q fragments'
+      // permutation): one 16-byte load per 4 k-steps, conflict-free per 8-lane phase (rows are
+      // 656 B = 164 words apart: word offset 4 grp + 8 qd + const).
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        uint4 w[4];
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          w[nt] = e4m3::lds128(k_base + (32 * kh + 8 * nt + grp) * kDsMlaRowBytes + 128 * g + 32 * qd + 16 * half);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            const uint32_t word = j == 0 ? w[nt].x : j == 1 ? w[nt].y : j == 2 ? w[nt].z : w[nt].w;
+            uint32_t b0, b1;
+            e4m3::x4_to_f16x2x2(word, b0, b1);
+            sm80::mma_16816<__half>(part[nt], qf[4 * half + j], b0, b1);
+          }
+        }
+      }
+    } else {
+      constexpr int kSteps = Cfg::kDsMla ? 8 : 9;  // fp8_ds_mla: + 1 bf16 k_pe step after the scale
+#pragma unroll
+      for (int st = 0; st < kSteps; ++st) {
+        const int kk = Cfg::kDsMla ? 8 * g + st : 9 * g + st;
+#pragma unroll
+        for (int n16 = 0; n16 < 2; ++n16) {
+          uint32_t bk[4];
+          ldmatrix_k16(bk, 32 * kh + 16 * n16, kk);
+          sm80::mma_16816<KvT>(part[2 * n16], qf[st], bk[0], bk[1]);
+          sm80::mma_16816<KvT>(part[2 * n16 + 1], qf[st], bk[2], bk[3]);
+        }
+      }
+    }
+    if constexpr (Cfg::kDsMla) {
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int key = 32 * kh + 8 * nt + 2 * qd;
+        const float s0 = kscale(s_kt, key, g), s1 = kscale(s_kt, key + 1, g);
+        part[nt][0] *= s0, part[nt][1] *= s1, part[nt][2] *= s0, part[nt][3] *= s1;
+      }
+    }
+    if constexpr (Cfg::kE4m3Frags) {
+      // k_pe (bf16 in the row): dims 16 g + 4 qd .. + 3 of key 32 kh + 8 nt + grp, one 64-bit load.
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int key = 32 * kh + 8 * nt + grp;
+        const uint2 w = e4m3::lds64(k_base + key * kDsMlaRowBytes + kDsMlaRopeOffset + 2 * (16 * g + 4 * qd));
+        sm80::mma_16816<__nv_bfloat16>(part[nt], qf[8], w.x, w.y);
+      }
+    } else if constexpr (Cfg::kDsMla) {
+#pragma unroll
+      for (int n16 = 0; n16 < 2; ++n16) {
+        uint32_t bk[4];
+        ldmatrix_k16(bk, 32 * kh + 16 * n16, kKvLoraRank / 16 + g);
+        sm80::mma_16816<__nv_bfloat16>(part[2 * n16], qf[8], bk[0], bk[1]);
+        sm80::mma_16816<__nv_bfloat16>(part[2 * n16 + 1], qf[8], bk[2], bk[3]);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const int key = 32 * kh + 8 * nt + 2 * qd;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        *reinterpret_cast<float2*>(red_s + (g * 16 + grp + 8 * h) * Cfg::kRedSStride + key) =
+            make_float2(part[nt][2 * h], part[nt][2 * h + 1]);
+      }
+    }
+  };
+  // After a barrier: S of keys key0 .. + 7 (this warp's softmax columns) = the four partial sums.
+  auto sum_dim_groups = [&](float (&sc)[Cfg::kSTiles][4]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      sc[0][2 * h] = sc[0][2 * h + 1] = 0.f;
+#pragma unroll
+      for (int gg = 0; gg < 4; ++gg) {
+        const float2 v = *reinterpret_cast<const float2*>(red_s + (gg * 16 + grp + 8 * h) * Cfg::kRedSStride + key0 + 2 * qd);
+        sc[0][2 * h] += v.x;
+        sc[0][2 * h + 1] += v.y;
+      }
+    }
+  };
+  auto scores = [&](const uint8_t* s_kt, float (&sc)[Cfg::kSTiles][4]) {
+    const uint32_t q_base = sm80::smem_addr(s_q), k_base = sm80::smem_addr(s_kt);
     // B fragments of two n8 tiles (keys key .. key + 15 as addressed by this lane), k-step kk.
     auto ldmatrix_k16 = [&](uint32_t (&bk)[4], int key16, int kk) {
       const int key = key16 + (lane / 16) * 8 + lane % 8;
@@ -375,90 +513,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       }
     };
-    float sc[Cfg::kSTiles][4];
 #pragma unroll
     for (int j = 0; j < Cfg::kSTiles; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
     constexpr int kC = Cfg::kChains;
     if constexpr (Cfg::kSplitDimsQK) {
-      // 16-head tile: partial S of dim group g for keys 32 kh .. + 31 (4 n8 tiles), then the sum
-      // over the four groups through shared memory.
-      const int g = warp % 4, kh = warp / 4;
-      float part[4][4];
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) part[nt][0] = part[nt][1] = part[nt][2] = part[nt][3] = 0.f;
-      constexpr int kSteps = Cfg::kDsMla ? 8 : 9;  // fp8_ds_mla: + 1 bf16 k_pe step after the scale
-      if constexpr (Cfg::kE4m3Frags) {
-        // B = 4 e4m3 bytes of key 32 kh + 8 nt + grp at dims 128 g + 16 st + 4 qd (one load,
-        // conflict-free: rows are 656 B = 164 words apart, so bank = 4 grp + qd + const).
-#pragma unroll
-        for (int st = 0; st < kSteps; ++st) {
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            const int key = 32 * kh + 8 * nt + grp;
-            uint32_t b0, b1;
-            e4m3::x4_to_f16x2x2(e4m3::lds32(k_base + key * kDsMlaRowBytes + 128 * g + 16 * st + 4 * qd), b0, b1);
-            sm80::mma_16816<__half>(part[nt], qf[st], b0, b1);
-          }
-        }
-      } else {
-#pragma unroll
-      for (int st = 0; st < kSteps; ++st) {
-        const int kk = Cfg::kDsMla ? 8 * g + st : 9 * g + st;
-#pragma unroll
-        for (int n16 = 0; n16 < 2; ++n16) {
-          uint32_t bk[4];
-          ldmatrix_k16(bk, 32 * kh + 16 * n16, kk);
-          sm80::mma_16816<KvT>(part[2 * n16], qf[st], bk[0], bk[1]);
-          sm80::mma_16816<KvT>(part[2 * n16 + 1], qf[st], bk[2], bk[3]);
-        }
-      }
-      }
-      if constexpr (Cfg::kDsMla) {
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const int key = 32 * kh + 8 * nt + 2 * qd;
-          const float s0 = kscale(key, g), s1 = kscale(key + 1, g);
-          part[nt][0] *= s0, part[nt][1] *= s1, part[nt][2] *= s0, part[nt][3] *= s1;
-        }
-      }
-      if constexpr (Cfg::kE4m3Frags) {
-        // k_pe (bf16 in the row): dims 16 g + 4 qd .. + 3 of key 32 kh + 8 nt + grp, one 64-bit load.
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const int key = 32 * kh + 8 * nt + grp;
-          const uint2 w = e4m3::lds64(k_base + key * kDsMlaRowBytes + kDsMlaRopeOffset + 2 * (16 * g + 4 * qd));
-          sm80::mma_16816<__nv_bfloat16>(part[nt], qf[8], w.x, w.y);
-        }
-      } else if constexpr (Cfg::kDsMla) {
-#pragma unroll
-        for (int n16 = 0; n16 < 2; ++n16) {
-          uint32_t bk[4];
-          ldmatrix_k16(bk, 32 * kh + 16 * n16, kKvLoraRank / 16 + g);
-          sm80::mma_16816<__nv_bfloat16>(part[2 * n16], qf[8], bk[0], bk[1]);
-          sm80::mma_16816<__nv_bfloat16>(part[2 * n16 + 1], qf[8], bk[2], bk[3]);
-        }
-      }
-      float* red_s = reinterpret_cast<float*>(smem + Cfg::kOffRedS);  // [4 groups][16 rows][kRedSStride]
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const int key = 32 * kh + 8 * nt + 2 * (lane % 4);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          *reinterpret_cast<float2*>(red_s + (g * 16 + lane / 4 + 8 * h) * Cfg::kRedSStride + key) =
-              make_float2(part[nt][2 * h], part[nt][2 * h + 1]);
-        }
-      }
+      qk_partial(s_kt);
       sm80::named_barrier(bar_id, kBarThreads);  // (all 8 warps)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int gg = 0; gg < 4; ++gg) {
-          const float2 v = *reinterpret_cast<const float2*>(red_s + (gg * 16 + lane / 4 + 8 * h) * Cfg::kRedSStride +
-                                                            key0 + 2 * (lane % 4));
-          sc[0][2 * h] += v.x;
-          sc[0][2 * h + 1] += v.y;
-        }
-      }
+      sum_dim_groups(sc);
     } else if constexpr (!Cfg::kDsMla) {
       // 36 bf16 k-steps over kC independent accumulators.
       float acc[kC][Cfg::kSTiles][4];
@@ -509,6 +570,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (int kk = kKvLoraRank / 16; kk < kChunks / 2; ++kk) qk_step(__nv_bfloat16{}, sc, kk);
     }
+  };
+  // Returns the factor R_old / R_new of this warp's O (fp8_ds_mla; else 1).
+  auto softmax_p = [&](float (&sc)[Cfg::kSTiles][4], const uint8_t* s_kt, int valid_slot) -> float {
     // Mask with selects (never multiply: a masked score must not turn into NaN), scale.
     const int* valid = s_valid + valid_slot * kN;
     float mx[2] = {-INFINITY, -INFINITY};
@@ -532,7 +596,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     // fp8_ds_mla: R of this warp's scale tile (registers only: overlaps the barrier wait).
     float v_rescale = 1.f;
-    if constexpr (Cfg::kDsMla) e4m3::update_scale_ref(kscale(lane, vt), kscale(lane + 32, vt), v_ref, v_rescale, v_inv);
+    if constexpr (Cfg::kDsMla) e4m3::update_scale_ref(kscale(s_kt, lane, vt), kscale(s_kt, lane + 32, vt), v_ref, v_rescale, v_inv);
     sm80::named_barrier(bar_id, kBarThreads);
     float m_use[2];
 #pragma unroll
@@ -542,15 +606,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int g = 0; g < Cfg::kColGroups; ++g) tile_max = fmaxf(tile_max, s_red[g * kM + r0 + 8 * i]);
       const float m_new = fmaxf(m_run[i], tile_max);
       m_use[i] = m_new == -INFINITY ? 0.f : m_new;  // all masked so far: exp2(-inf - 0) = 0
-      const float corr = exp2f(m_run[i] - m_use[i]);
+      const float corr = fast_exp2(m_run[i] - m_use[i]);
       m_run[i] = m_new;
       l_run[i] *= corr;
       if (col_group == 0 && lane % 4 == 0) s_corr[r0 + 8 * i] = corr;
     }
 #pragma unroll
     for (int j = 0; j < Cfg::kSTiles; ++j) {
-      const float p0 = exp2f(sc[j][0] - m_use[0]), p1 = exp2f(sc[j][1] - m_use[0]);
-      const float p2 = exp2f(sc[j][2] - m_use[1]), p3 = exp2f(sc[j][3] - m_use[1]);
+      const float p0 = fast_exp2(sc[j][0] - m_use[0]), p1 = fast_exp2(sc[j][1] - m_use[0]);
+      const float p2 = fast_exp2(sc[j][2] - m_use[1]), p3 = fast_exp2(sc[j][3] - m_use[1]);
       l_run[0] += p0 + p1;
       l_run[1] += p2 + p3;
       const int key = key0 + 8 * j + 2 * (lane % 4);
@@ -568,8 +632,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         *reinterpret_cast<uint32_t*>(s_p + swz<kN / 8>(r0 + 8, key / 8) + in_chunk) = sm80::pack2<KvT>(p2, p3);
       }
     }
-    __syncthreads();  // P and the rescale factors of all rows written (PV takes all rows)
-    // O *= exp2(m_old - m_new) R_old / R_new per row; most tiles change neither: skip then.
+    return v_rescale;
+  };
+  // After a barrier (s_corr of all rows written): O *= exp2(m_old - m_new) R_old / R_new per row;
+  // most tiles change neither: skip then.
+  auto rescale_o = [&](float v_rescale) {
     float corr[Cfg::kPvMTiles][2];
     bool unit = v_rescale == 1.f;
 #pragma unroll
@@ -593,6 +660,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       }
     }
+  };
+  auto pv = [&](const uint8_t* s_kt) {
+    const uint32_t k_base = sm80::smem_addr(s_kt), p_base = sm80::smem_addr(s_p);
     // O += P V: V is the first 512 columns of the same rows, read transposed by ldmatrix once per
     // warp and used for all m-tiles. fp8_ds_mla: A = P' = P scale[k, vt] / R in fp16 (|P'| <= 2^14).
     if constexpr (Cfg::kE4m3Frags) {
@@ -606,8 +676,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         uint32_t pa[4];
         e4m3::load_pv_a<Cfg::kPStride>(pt, ks, lane, pa);
         const int k = 16 * ks + qd;
-        const __half2 s01 = __floats2half2_rn(kscale(k, vt) * v_inv, kscale(k + 4, vt) * v_inv);
-        const __half2 s23 = __floats2half2_rn(kscale(k + 8, vt) * v_inv, kscale(k + 12, vt) * v_inv);
+        const __half2 s01 = __floats2half2_rn(kscale(s_kt, k, vt) * v_inv, kscale(s_kt, k + 4, vt) * v_inv);
+        const __half2 s23 = __floats2half2_rn(kscale(s_kt, k + 8, vt) * v_inv, kscale(s_kt, k + 12, vt) * v_inv);
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
           pa[rr] = e4m3::hmul2_bits(pa[rr], s01);
@@ -659,6 +729,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     }
   };
+  auto compute_tile = [&](const uint8_t* s_kt, int valid_slot) {
+    float sc[Cfg::kSTiles][4];
+    scores(s_kt, sc);
+    const float v_rescale = softmax_p(sc, s_kt, valid_slot);
+    __syncthreads();  // P and the rescale factors of all rows written (PV takes all rows)
+    rescale_o(v_rescale);
+    pv(s_kt);
+  };
 
   // fp8_ds_mla, once this thread's Q chunks have landed: q' in place (all threads), the rows'
   // softmax scales times 2^e_r, the Q fragments of 16-head tiles.
@@ -698,10 +776,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       __syncthreads();  // everyone done with buffer t % kS before it is refilled
     }
   } else if constexpr (Cfg::kE4m3Frags) {
-    // fp8_ds_mla, e4m3 fragments: the warps compute on the staging rows themselves; kStages - 1
-    // tiles are in flight during compute. One barrier per tile: after it, tile t has landed for
-    // everyone and everyone is done with tile t - 1, whose buffer takes tile t + kStages - 1.
+    // fp8_ds_mla, e4m3 fragments: the warps compute on the staging rows themselves, software-
+    // pipelined by one tile: iteration t runs PV of tile t together with QK^T of tile t + 1 (two
+    // independent MMA chains per warp), then the softmax of tile t + 1 (P(t + 1), its rescale
+    // factors). Three barriers per tile: the top one (tile t + 1 landed; P(t) and s_corr written;
+    // everyone done with tile t - 1, whose buffer takes tile t + kStages - 1), the partial-score
+    // one and the row-max one (in softmax_p). kStages - 2 tiles are in flight during compute.
     constexpr int kS = Cfg::kStages;
+    static_assert(kS >= 3, "the pipelined loop keeps tiles t and t + 1 resident");
     if (num_tiles > 0) load_q();
     sm80::cp_async_commit();
 #pragma unroll
@@ -709,17 +791,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (i < num_tiles) load_tile(tile_begin + i, s_raw + i * Cfg::kRawTileBytes, i);
       sm80::cp_async_commit();
     }
+    auto stage = [&](int t) { return s_raw + (t % kS) * Cfg::kRawTileBytes; };
+    // QK^T of tile t's partial sums, their barrier, the softmax: P(t) and s_corr for tile t.
+    float v_rescale = 1.f;
+    auto softmax_after_qk = [&](int t) {
+      sm80::named_barrier(bar_id, kBarThreads);  // (all 8 warps) partial sums of tile t written
+      float sc[1][4];
+      sum_dim_groups(sc);
+      v_rescale = softmax_p(sc, stage(t), t % kS);
+    };
     if (num_tiles > 0) {
       sm80::cp_async_wait<kS - 1>();  // this thread's Q chunks
       start_q_fp16();
+      sm80::cp_async_wait<kS - 2>();  // tile 0
+      __syncthreads();
+      qk_partial(stage(0));
+      softmax_after_qk(0);
     }
     for (int t = 0; t < num_tiles; ++t) {
-      sm80::cp_async_wait<kS - 2>();  // tile t (loads were issued up to t + kS - 2)
+      sm80::cp_async_wait<kS - 3>();  // tile t + 1 (loads were issued up to t + kS - 2)
       __syncthreads();
       const int next = t + kS - 1;
-      if (next < num_tiles) load_tile(tile_begin + next, s_raw + (next % kS) * Cfg::kRawTileBytes, next % kS);
+      if (next < num_tiles) load_tile(tile_begin + next, stage(next), next % kS);
       sm80::cp_async_commit();
-      compute_tile(s_raw + (t % kS) * Cfg::kRawTileBytes, t % kS);
+      rescale_o(v_rescale);
+      // One basic block, so that the scheduler interleaves the two MMA chains. QK^T runs past the
+      // last tile too (on a stale buffer that no copy is writing; its sums are never read).
+      pv(stage(t));
+      qk_partial(stage(t + 1));
+      if (t + 1 < num_tiles) softmax_after_qk(t + 1);
     }
   } else {
     // fp8_ds_mla: kStages tiles land in staging buffers while earlier tiles compute; each is
@@ -829,9 +929,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 }
 
-template <int kM, CacheFormat kFormat, int kStages, bool kE4m3Frags = false>
+template <int kM, CacheFormat kFormat, int kStages, bool kE4m3Frags = false, int kRowThreads = 8>
 void launch_sparse_decode_portable(const SparseDecodeParams& p) {
-  using Cfg = PortableConfig<kM, kFormat, kStages, kE4m3Frags>;
+  using Cfg = PortableConfig<kM, kFormat, kStages, kE4m3Frags, kRowThreads>;
   auto kernel = sparse_decode_portable_kernel<Cfg>;
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((p.h_q + kM - 1) / kM, p.num_splits, p.batch * p.s_q);

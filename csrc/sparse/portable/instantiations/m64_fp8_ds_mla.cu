@@ -2,5 +2,6 @@
 #include "sparse/portable/sparse_decode_portable.cuh"
 
 namespace mla::sparse {
-template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
+template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1, false, 4>(const SparseDecodeParams&);
+template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1, false, 8>(const SparseDecodeParams&);
 }  // namespace mla::sparse
