@@ -118,13 +118,7 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
   return static_cast<uint32_t>((r * kRowChunks + (c ^ (r & 7))) * 16);
 }
 
-// 2^x by the MUFU (ex2.approx.ftz: exp2f's accuracy; results below 2^-126 flush to 0, which the
-// fp16/bf16 P and the fp32 sums could not hold apart from 0 anyway; 2^-inf = 0).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+using sm80::fast_exp2;  // results below 2^-126 flush to 0: the fp16/bf16 P could not hold them apart from 0
 
 __device__ __forceinline__ float sink_factor(float lse, float sink) {
   // e^lse / (e^lse + e^sink) = 1 / (1 + e^(sink - lse)); +inf sink -> 0, -inf sink -> 1.
