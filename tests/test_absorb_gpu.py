@@ -63,21 +63,17 @@ def test_q_absorb(t, h, fp8):
 # H < 96), odd sizes (7, 257), the issue's 4096 and a large T with a partial last tile for every
 # BM (4097).
 V_UP_TOKENS = (1, 7, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 512, 513, 4096, 4097)
-# ksplit:BMxBNxKS forces a ksplit tile, KS > 1 splitting K over a cluster (every cluster tile
-# absorb.cu instantiates); tmas* are the TMA kernel with streamed weights (e4m3 weights: the
-# resident-weight TMA kernel).
-KSPLIT_CLUSTER_TILES = ("ksplit:64x32x2", "ksplit:64x64x2", "ksplit:64x128x2", "ksplit:128x64x2", "ksplit:64x64x4",
-                        "ksplit:64x128x4", "ksplit:128x64x4", "ksplit:128x128x4")
-V_UP_KERNELS = ("auto", "portable", "ksplit", "wgmma", "tma128", "tma64", "tiles", "tiles64", "tiles64w2", "tmas",
-                "tmas64", "tmas128", "tmas192", "tmas256") + KSPLIT_CLUSTER_TILES
+# tmas* are the TMA kernel with streamed weights, every tile absorb.cu instantiates (tmas: one tile
+# per CTA, tmasl: looped; e4m3 weights take the resident-weight TMA kernel).
+STREAM_TILES = ("tmas:64x32", "tmas:64x64", "tmas:64x128", "tmas:128x64", "tmas:128x128", "tmasl:64x128",
+                "tmasl:128x128")
+V_UP_KERNELS = ("auto", "portable", "ksplit", "wgmma", "tma128", "tma64", "tiles", "tmas") + STREAM_TILES
 SM90_ONLY = ("wgmma", "tma128", "tma64", "tmas")
 
 
 def _use_v_up_kernel(monkeypatch, kernel: str):
     if kernel.startswith(SM90_ONLY) and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip(f"the {kernel} kernel is sm90 only")
-    if kernel.startswith("ksplit:") and not kernel.endswith("x1") and torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip(f"{kernel} needs thread-block clusters (sm90+)")
     if kernel == "portable":
         monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
     elif kernel != "auto":
@@ -101,8 +97,7 @@ def test_v_up(t, h, fp8, kernel, monkeypatch):
         assert_close(out, reference.v_up(x.float(), w_uv, scale), name=f"v_up T={t} H={h} vs fp32 weights", **FP32_W_TOL)
 
 
-@pytest.mark.parametrize("kernel", ("ksplit", "wgmma", "tma128", "tma64", "tiles", "tiles64", "tiles64w2", "tmas",
-                                    "tmas256") + KSPLIT_CLUSTER_TILES)
+@pytest.mark.parametrize("kernel", ("ksplit", "wgmma", "tma128", "tma64", "tiles", "tmas") + STREAM_TILES)
 def test_v_up_sanitizer_small(kernel, monkeypatch):
     """Small cases of each v_up kernel for compute-sanitizer (-k sanitizer): partial tiles, a
     head count that is no power of two, a padded out= buffer whose NaN must survive, and
@@ -216,8 +211,8 @@ def test_misaligned_contiguous_views(fp8):
 def test_v_up_kernel_override_is_checked(monkeypatch):
     monkeypatch.setenv("MLA_EXT_VUP_KERNEL", "fastest")
     w = _weights(4, False)
-    with pytest.raises(RuntimeError, match="MLA_EXT_VUP_KERNEL must be ksplit, ksplit:BMxBNxKS, wgmma"):
+    with pytest.raises(RuntimeError, match="MLA_EXT_VUP_KERNEL must be ksplit, wgmma, tma128, tma64, tiles, tmas"):
         mla_ext.v_up(torch.randn(3, 4, L, device="cuda", dtype=torch.bfloat16), *w.uv())
-    monkeypatch.setenv("MLA_EXT_VUP_KERNEL", "ksplit:32x32x2")
-    with pytest.raises(RuntimeError, match="no such ksplit tile"):
+    monkeypatch.setenv("MLA_EXT_VUP_KERNEL", "tmas:64x16")  # not an instantiated tile
+    with pytest.raises(RuntimeError, match="MLA_EXT_VUP_KERNEL must be"):
         mla_ext.v_up(torch.randn(3, 4, L, device="cuda", dtype=torch.bfloat16), *w.uv())

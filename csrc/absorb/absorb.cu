@@ -2,7 +2,6 @@
 // the weight dtype.
 #include "absorb/absorb.h"
 
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -36,12 +35,11 @@ void run_tiers(const AbsorbParams& p) {
 
 // v_up's kernels. MLA_EXT_VUP_KERNEL forces one (tests run every kernel at every size with it;
 // the benchmark's --sweep-v-up measures each at every size):
-//   ksplit             K split over a CTA's warps, (BM, BN, kSplits) picked by T and H below
-//   ksplit:BMxBNxKS    ... with that tile and cluster split (the instantiated ones: kKSplitTiles)
-//   wgmma, tma128, tma64, tiles   the other kernels (tiles: the tier by T)
-//   tiles64, tiles64w2 64-row tiles with all of K in flight, 1 x 8 or 2 x 4 warps
-//   tmas, tmas64 .. tmas256   TMA kernel with streamed weights, BM by T or forced (bf16 weights;
-//                      e4m3 weights take the resident-weight TMA kernel of the same BM <= 128)
+//   ksplit, wgmma, tma128, tma64, tiles   (tiles: the tier by T)
+//   tmas                  the TMA kernel with streamed weights, tile by T and H as below
+//   tmas:BMxBN, tmasl:BMxBN   ... with that tile, one per CTA (tmas) or looped (tmasl); the
+//                         instantiated ones are kStreamTiles. bf16 weights only: e4m3 weights take
+//                         the resident-weight TMA kernel of the same BM.
 // otherwise the fastest measured on the H200 at the benchmarked T (README.md has the numbers):
 //   H < 96:  T <= 128 ksplit (K split over a CTA's warps, BN for ~one CTA per SM); on sm90
 //            T <= 512 TMA 64 x 128 tiles, beyond TMA 128 x 128 tiles; elsewhere ksplit up to
@@ -49,45 +47,34 @@ void run_tiers(const AbsorbParams& p) {
 //   H >= 96: T <= 32 the tiles (one CTA per head, all of K in flight); on sm90 T <= 64 TMA
 //            64 x 128 tiles, T <= 256 the cp.async wgmma kernel, beyond TMA 128 x 128 tiles;
 //            elsewhere (sm100, MLA_EXT_FORCE_PORTABLE=1) the tiles.
-enum class VUpKernel { kKSplit, kWgmma, kTma128, kTma64, kTiles, kTiles64, kTiles64W2, kTmaStream };
+enum class VUpKernel { kKSplit, kWgmma, kTma128, kTma64, kTiles, kTmaStream };
+
+struct StreamTile {
+  int bm, bn;
+  bool loop;
+};
+// The instantiated tiles of the streamed-weight TMA kernel (instantiations/v_up_tma_stream_bf16.cu).
+constexpr StreamTile kStreamTiles[] = {{64, 32, false},  {64, 64, false}, {64, 128, false}, {128, 64, false},
+                                       {128, 128, false}, {64, 128, true}, {128, 128, true}};
 
 struct VUpChoice {
   VUpKernel kernel;
-  int bm = 0, bn = 0, splits = 0;  // ksplit: 0 = by T and H; tmas: bm 0 = by T
+  StreamTile tile{0, 0, false};  // kTmaStream only; bm = 0: by T and H
 };
-
-// (BM, BN, kSplits) of the instantiated ksplit kernels (instantiations/v_up_ksplit*.cu).
-struct KSplitTile {
-  int bm, bn, splits;
-};
-constexpr KSplitTile kKSplitTiles[] = {
-    {16, 16, 1}, {16, 32, 1}, {16, 64, 1}, {16, 128, 1}, {64, 16, 1},  {64, 32, 1},  {64, 64, 1},  {64, 128, 1},
-    {64, 32, 2}, {64, 64, 2}, {64, 128, 2}, {128, 64, 2}, {64, 64, 4}, {64, 128, 4}, {128, 64, 4}, {128, 128, 4}};
 
 VUpChoice forced_v_up_kernel(const std::string& name, const DeviceInfo& info) {
   const bool sm90_only = name == "wgmma" || name == "tma128" || name == "tma64" || name.rfind("tmas", 0) == 0;
   MLA_HOST_CHECK(!sm90_only || info.sm_version == 90, "MLA_EXT_VUP_KERNEL=" + name + " needs sm90");
   if (name == "ksplit") return {VUpKernel::kKSplit};
-  if (name.rfind("ksplit:", 0) == 0) {
-    int bm = 0, bn = 0, splits = 0;
-    char tail = 0;
-    const int got = std::sscanf(name.c_str() + 7, "%dx%dx%d%c", &bm, &bn, &splits, &tail);
-    bool known = false;
-    for (const KSplitTile& t : kKSplitTiles) known |= got == 3 && t.bm == bm && t.bn == bn && t.splits == splits;
-    MLA_HOST_CHECK(known, "MLA_EXT_VUP_KERNEL=" + name + ": no such ksplit tile (BMxBNxKS, see absorb.cu)");
-    MLA_HOST_CHECK(splits == 1 || info.sm_version >= 90, "MLA_EXT_VUP_KERNEL=" + name + " needs clusters (sm90+)");
-    return {VUpKernel::kKSplit, bm, bn, splits};
-  }
   if (name == "wgmma") return {VUpKernel::kWgmma};
   if (name == "tma128") return {VUpKernel::kTma128};
   if (name == "tma64") return {VUpKernel::kTma64};
-  if (name == "tiles64") return {VUpKernel::kTiles64};
-  if (name == "tiles64w2") return {VUpKernel::kTiles64W2};
   if (name == "tmas") return {VUpKernel::kTmaStream};
-  for (int bm : {64, 128, 192, 256})
-    if (name == "tmas" + std::to_string(bm)) return {VUpKernel::kTmaStream, bm};
-  MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, ksplit:BMxBNxKS, wgmma, tma128, tma64, tiles, "
-                                  "tiles64, tiles64w2, tmas or tmas64..tmas256, got " + name);
+  for (const StreamTile& t : kStreamTiles)
+    if (name == (t.loop ? "tmasl:" : "tmas:") + std::to_string(t.bm) + "x" + std::to_string(t.bn))
+      return {VUpKernel::kTmaStream, t};
+  MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, wgmma, tma128, tma64, tiles, tmas or "
+                                  "tmas:BMxBN / tmasl:BMxBN (an instantiated tile), got " + name);
   return {VUpKernel::kTiles};
 }
 
@@ -107,65 +94,61 @@ VUpChoice pick_v_up_kernel(const AbsorbParams& p) {
   return {t <= 256 ? VUpKernel::kWgmma : VUpKernel::kTma128};
 }
 
-// ksplit without a forced tile: BM = 16 up to 16 tokens, else 64; 128 / BN CTAs per (head, tile),
-// the largest power of two <= 8 that keeps the grid within one CTA per SM (more CTAs per head
-// re-read x from L2).
-KSplitTile auto_ksplit_tile(const AbsorbParams& p) {
-  const int bm = p.num_tokens <= 16 ? 16 : 64;
-  const int64_t ctas = p.num_heads * ((p.num_tokens + bm - 1) / bm);
+// The streamed-weight tile when none was forced: 64-row tiles, BN for about one CTA per SM.
+StreamTile auto_stream_tile(const AbsorbParams& p) {
+  const int64_t ctas = p.num_heads * ((p.num_tokens + 63) / 64);
   const int64_t room = device_info(p.device).num_sms / ctas;
-  return {bm, room >= 8 ? 16 : room >= 4 ? 32 : room >= 2 ? 64 : 128, 1};
+  return {64, room >= 4 ? 32 : room >= 2 ? 64 : 128, false};
 }
 
-template <bool kFp8, int kBM, int kBN, int kSplits>
-bool try_ksplit(const KSplitTile& tile, const AbsorbParams& p) {
-  if (tile.bm != kBM || tile.bn != kBN || tile.splits != kSplits) return false;
-  absorb::run_v_up_ksplit<kFp8, kBM, kBN, kSplits>(p);
+template <int kBM, int kBN, bool kLoop>
+bool try_stream(const StreamTile& t, const AbsorbParams& p, bool* refused) {
+  if (t.bm != kBM || t.bn != kBN || t.loop != kLoop) return false;
+  *refused = !absorb::run_v_up_tma_stream<kBM, kBN, kLoop>(p);
   return true;
 }
 
-template <bool kFp8>
-void run_v_up_ksplit_tile(const KSplitTile& tile, const AbsorbParams& p) {
-  // one entry per kKSplitTiles row
-  const bool ran = try_ksplit<kFp8, 16, 16, 1>(tile, p) || try_ksplit<kFp8, 16, 32, 1>(tile, p) ||
-                   try_ksplit<kFp8, 16, 64, 1>(tile, p) || try_ksplit<kFp8, 16, 128, 1>(tile, p) ||
-                   try_ksplit<kFp8, 64, 16, 1>(tile, p) || try_ksplit<kFp8, 64, 32, 1>(tile, p) ||
-                   try_ksplit<kFp8, 64, 64, 1>(tile, p) || try_ksplit<kFp8, 64, 128, 1>(tile, p) ||
-                   try_ksplit<kFp8, 64, 32, 2>(tile, p) || try_ksplit<kFp8, 64, 64, 2>(tile, p) ||
-                   try_ksplit<kFp8, 64, 128, 2>(tile, p) || try_ksplit<kFp8, 128, 64, 2>(tile, p) ||
-                   try_ksplit<kFp8, 64, 64, 4>(tile, p) || try_ksplit<kFp8, 64, 128, 4>(tile, p) ||
-                   try_ksplit<kFp8, 128, 64, 4>(tile, p) || try_ksplit<kFp8, 128, 128, 4>(tile, p);
-  MLA_HOST_CHECK(ran, "v_up: no ksplit kernel for this tile");
+// ksplit: BM = 16 up to 16 tokens, else 64; 128 / BN CTAs per (head, tile), the largest power of
+// two <= 8 that keeps the grid within one CTA per SM (more CTAs per head re-read x from L2).
+template <bool kFp8, int kBM>
+void run_v_up_ksplit_bm(const AbsorbParams& p) {
+  using absorb::run_v_up_ksplit;
+  const int64_t ctas = p.num_heads * ((p.num_tokens + kBM - 1) / kBM);
+  const int64_t room = device_info(p.device).num_sms / ctas;
+  if (room >= 8) return run_v_up_ksplit<kFp8, kBM, 16>(p);
+  if (room >= 4) return run_v_up_ksplit<kFp8, kBM, 32>(p);
+  if (room >= 2) return run_v_up_ksplit<kFp8, kBM, 64>(p);
+  return run_v_up_ksplit<kFp8, kBM, 128>(p);
 }
 
 // Where the driver refuses the tensor maps (strides TMA cannot express) the cp.async wgmma kernel
 // runs instead, unless a TMA kernel was forced (tests must know which kernel they checked).
+template <bool kFp8>
 void tma_refused(const AbsorbParams& p) {
   const char* forced = std::getenv("MLA_EXT_VUP_KERNEL");
   MLA_HOST_CHECK(forced == nullptr || forced[0] == '\0', "v_up: the driver refused the TMA kernel's tensor maps");
+  absorb::run_v_up_wgmma<kFp8>(p);
 }
 
 template <bool kFp8, int kBM>
 void run_tma_or_fallback(const AbsorbParams& p) {
-  if (absorb::run_v_up_tma<kFp8, kBM>(p)) return;
-  tma_refused(p);
-  absorb::run_v_up_wgmma<kFp8>(p);
+  if (!absorb::run_v_up_tma<kFp8, kBM>(p)) tma_refused<kFp8>(p);
 }
 
 // Streamed weights need bf16 weights (TMA); e4m3 weights take the resident-weight TMA kernel.
 template <bool kFp8>
-void run_tma_stream_or_fallback(int bm, const AbsorbParams& p) {
-  if (bm == 0) bm = p.num_tokens <= 64 ? 64 : p.num_tokens <= 128 ? 128 : p.num_tokens <= 192 ? 192 : 256;
+void run_tma_stream_or_fallback(StreamTile t, const AbsorbParams& p) {
+  if (t.bm == 0) t = auto_stream_tile(p);
   if constexpr (kFp8) {
-    return bm <= 64 ? run_tma_or_fallback<kFp8, 64>(p) : run_tma_or_fallback<kFp8, 128>(p);
+    return t.bm <= 64 ? run_tma_or_fallback<kFp8, 64>(p) : run_tma_or_fallback<kFp8, 128>(p);
   } else {
-    const bool ran = bm == 64    ? absorb::run_v_up_tma_stream<64>(p)
-                     : bm == 128 ? absorb::run_v_up_tma_stream<128>(p)
-                     : bm == 192 ? absorb::run_v_up_tma_stream<192>(p)
-                                 : absorb::run_v_up_tma_stream<256>(p);
-    if (ran) return;
-    tma_refused(p);
-    absorb::run_v_up_wgmma<kFp8>(p);
+    bool refused = false;
+    const bool ran = try_stream<64, 32, false>(t, p, &refused) || try_stream<64, 64, false>(t, p, &refused) ||
+                     try_stream<64, 128, false>(t, p, &refused) || try_stream<128, 64, false>(t, p, &refused) ||
+                     try_stream<128, 128, false>(t, p, &refused) || try_stream<64, 128, true>(t, p, &refused) ||
+                     try_stream<128, 128, true>(t, p, &refused);
+    MLA_HOST_CHECK(ran, "v_up: no streamed-weight TMA kernel for this tile");
+    if (refused) tma_refused<kFp8>(p);
   }
 }
 
@@ -175,7 +158,7 @@ void run_v_up(const AbsorbParams& p) {
   const VUpChoice choice = pick_v_up_kernel(p);
   switch (choice.kernel) {
     case VUpKernel::kKSplit:
-      return run_v_up_ksplit_tile<kFp8>(choice.bm != 0 ? KSplitTile{choice.bm, choice.bn, choice.splits} : auto_ksplit_tile(p), p);
+      return p.num_tokens <= 16 ? run_v_up_ksplit_bm<kFp8, 16>(p) : run_v_up_ksplit_bm<kFp8, 64>(p);
     case VUpKernel::kWgmma:
       return run_v_up_wgmma<kFp8>(p);
     case VUpKernel::kTma128:
@@ -184,12 +167,8 @@ void run_v_up(const AbsorbParams& p) {
       return run_tma_or_fallback<kFp8, 64>(p);
     case VUpKernel::kTiles:
       return run_tiers<AbsorbOp::kVUp, kFp8>(p);
-    case VUpKernel::kTiles64:
-      return launch_absorb_gemm<VUpTiles64Config<kFp8, 1>>(p);
-    case VUpKernel::kTiles64W2:
-      return launch_absorb_gemm<VUpTiles64Config<kFp8, 2>>(p);
     case VUpKernel::kTmaStream:
-      return run_tma_stream_or_fallback<kFp8>(choice.bm, p);
+      return run_tma_stream_or_fallback<kFp8>(choice.tile, p);
   }
 }
 

@@ -78,19 +78,14 @@ struct TierConfigOf<AbsorbOp::kVUp, kFp8, kTier> {
 template <AbsorbOp kOp, bool kFp8, int kTier>
 using TierConfig = typename TierConfigOf<kOp, kFp8, kTier>::type;
 
-// v_up tiles of 64 rows with all of K in flight (9 stages, like tiers 0-1), 1 x 8 or 2 x 4 warps:
-// candidates for H >= 96 at T = 33-64, where one CTA per head waits for one round of loads.
-template <bool kFp8, int kWarpsM>
-using VUpTiles64Config = Config<AbsorbOp::kVUp, kFp8, 64, 128, kWarpsM, 8 / kWarpsM, 9>;
-
 // Defined in absorb_gemm.cuh, instantiated in instantiations/*.cu.
 template <class Cfg>
 void launch_absorb_gemm(const AbsorbParams& params);
 
 // v_up's other kernels, instantiated in instantiations/v_up_{ksplit,wgmma}_*.cu: K split over a
-// CTA's warps and over a cluster of kSplits CTAs (v_up_ksplit.cuh; BM = 16, 64 or 128, BN = 16,
-// 32, 64, 128; kSplits = 1, 2, 4); wgmma for large T on sm90a (sm90/v_up_wgmma.cuh).
-template <bool kFp8, int kBM, int kBN, int kSplits>
+// CTA's warps (v_up_ksplit.cuh; BM = 16 or 64, BN = 16, 32, 64, 128); wgmma for large T on sm90a
+// (sm90/v_up_wgmma.cuh).
+template <bool kFp8, int kBM, int kBN>
 void run_v_up_ksplit(const AbsorbParams& params);
 template <bool kFp8>
 void run_v_up_wgmma(const AbsorbParams& params);
@@ -98,9 +93,10 @@ void run_v_up_wgmma(const AbsorbParams& params);
 // (sm90/v_up_tma.cuh). Returns false, launching nothing, where the driver refuses the tensor maps.
 template <bool kFp8, int kBM>
 bool run_v_up_tma(const AbsorbParams& params);
-// The same with the weights streamed through the stages next to x instead of resident, one
-// kBM-row tile (64, 128, 192, 256) per CTA; bf16 weights only. Returns false as above.
-template <int kBM>
+// The same with the weights streamed through the stages next to x instead of resident, kBM (64,
+// 128) x kBN (32, 64, 128) tiles, one per CTA or (kLoop) several; bf16 weights only. Returns
+// false as above.
+template <int kBM, int kBN, bool kLoop>
 bool run_v_up_tma_stream(const AbsorbParams& params);
 
 }  // namespace mla::absorb

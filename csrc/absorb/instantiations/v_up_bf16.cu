@@ -7,6 +7,4 @@ template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, false, 0>>(const Abs
 template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, false, 1>>(const AbsorbParams&);
 template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, false, 2>>(const AbsorbParams&);
 template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, false, 3>>(const AbsorbParams&);
-template void launch_absorb_gemm<VUpTiles64Config<false, 1>>(const AbsorbParams&);
-template void launch_absorb_gemm<VUpTiles64Config<false, 2>>(const AbsorbParams&);
 }  // namespace mla::absorb

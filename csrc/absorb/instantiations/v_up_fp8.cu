@@ -7,6 +7,4 @@ template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, true, 0>>(const Abso
 template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, true, 1>>(const AbsorbParams&);
 template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, true, 2>>(const AbsorbParams&);
 template void launch_absorb_gemm<TierConfig<AbsorbOp::kVUp, true, 3>>(const AbsorbParams&);
-template void launch_absorb_gemm<VUpTiles64Config<true, 1>>(const AbsorbParams&);
-template void launch_absorb_gemm<VUpTiles64Config<true, 2>>(const AbsorbParams&);
 }  // namespace mla::absorb

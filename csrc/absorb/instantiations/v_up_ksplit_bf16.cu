@@ -3,12 +3,12 @@
 #include "absorb/v_up_ksplit.cuh"
 
 namespace mla::absorb {
-template void run_v_up_ksplit<false, 16, 16, 1>(const AbsorbParams&);
-template void run_v_up_ksplit<false, 16, 32, 1>(const AbsorbParams&);
-template void run_v_up_ksplit<false, 16, 64, 1>(const AbsorbParams&);
-template void run_v_up_ksplit<false, 16, 128, 1>(const AbsorbParams&);
-template void run_v_up_ksplit<false, 64, 16, 1>(const AbsorbParams&);
-template void run_v_up_ksplit<false, 64, 32, 1>(const AbsorbParams&);
-template void run_v_up_ksplit<false, 64, 64, 1>(const AbsorbParams&);
-template void run_v_up_ksplit<false, 64, 128, 1>(const AbsorbParams&);
+template void run_v_up_ksplit<false, 16, 16>(const AbsorbParams&);
+template void run_v_up_ksplit<false, 16, 32>(const AbsorbParams&);
+template void run_v_up_ksplit<false, 16, 64>(const AbsorbParams&);
+template void run_v_up_ksplit<false, 16, 128>(const AbsorbParams&);
+template void run_v_up_ksplit<false, 64, 16>(const AbsorbParams&);
+template void run_v_up_ksplit<false, 64, 32>(const AbsorbParams&);
+template void run_v_up_ksplit<false, 64, 64>(const AbsorbParams&);
+template void run_v_up_ksplit<false, 64, 128>(const AbsorbParams&);
 }  // namespace mla::absorb

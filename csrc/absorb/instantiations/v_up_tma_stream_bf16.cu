@@ -1,11 +1,14 @@
 // v_up with bf16 weights, the sm90a TMA + wgmma kernel with the weights streamed next to x
-// (sm90/v_up_tma.cuh), one tile of 64, 128, 192 or 256 rows per CTA; other targets compile it to a
-// trap and never launch it.
+// (sm90/v_up_tma.cuh): the BM x BN tiles absorb.cu may pick, one tile per CTA or looped; other
+// targets compile it to a trap and never launch it.
 #include "absorb/sm90/v_up_tma.cuh"
 
 namespace mla::absorb {
-template bool run_v_up_tma_stream<64>(const AbsorbParams&);
-template bool run_v_up_tma_stream<128>(const AbsorbParams&);
-template bool run_v_up_tma_stream<192>(const AbsorbParams&);
-template bool run_v_up_tma_stream<256>(const AbsorbParams&);
+template bool run_v_up_tma_stream<64, 32, false>(const AbsorbParams&);
+template bool run_v_up_tma_stream<64, 64, false>(const AbsorbParams&);
+template bool run_v_up_tma_stream<64, 128, false>(const AbsorbParams&);
+template bool run_v_up_tma_stream<128, 64, false>(const AbsorbParams&);
+template bool run_v_up_tma_stream<128, 128, false>(const AbsorbParams&);
+template bool run_v_up_tma_stream<64, 128, true>(const AbsorbParams&);
+template bool run_v_up_tma_stream<128, 128, true>(const AbsorbParams&);
 }  // namespace mla::absorb
