@@ -40,14 +40,19 @@ void run_tiers(const AbsorbParams& p) {
 //   tmas:BMxBN, tmasl:BMxBN   ... with that tile, one per CTA (tmas) or looped (tmasl); the
 //                         instantiated ones are kStreamTiles. bf16 weights only: e4m3 weights take
 //                         the resident-weight TMA kernel of the same BM.
+//   tmasm                 streamed weights multicast over clusters of 2 (128 x 128 tiles; e4m3:
+//                         the resident-weight TMA kernel)
 // otherwise the fastest measured on the H200 at the benchmarked T (README.md has the numbers):
-//   H < 96:  T <= 128 ksplit (K split over a CTA's warps, BN for ~one CTA per SM); on sm90
+//   sm90, bf16 weights, T > 16 (H < 96) or T > 32 (H >= 96), H * ceil(T / 64) <= the SM count:
+//            the streamed-weight TMA kernel, 64-row tiles, BN = 32, 64 or 128 for about one CTA
+//            per SM (H = 16: T <= 128 BN = 32, T <= 256 BN = 64; H = 128, T <= 64: BN = 128);
+//   else H < 96:  T <= 128 ksplit (K split over a CTA's warps, BN for ~one CTA per SM); on sm90
 //            T <= 512 TMA 64 x 128 tiles, beyond TMA 128 x 128 tiles; elsewhere ksplit up to
 //            T = 512, then the tiles.
 //   H >= 96: T <= 32 the tiles (one CTA per head, all of K in flight); on sm90 T <= 64 TMA
 //            64 x 128 tiles, T <= 256 the cp.async wgmma kernel, beyond TMA 128 x 128 tiles;
 //            elsewhere (sm100, MLA_EXT_FORCE_PORTABLE=1) the tiles.
-enum class VUpKernel { kKSplit, kWgmma, kTma128, kTma64, kTiles, kTmaStream };
+enum class VUpKernel { kKSplit, kWgmma, kTma128, kTma64, kTiles, kTmaStream, kTmaMcast };
 
 struct StreamTile {
   int bm, bn;
@@ -70,10 +75,11 @@ VUpChoice forced_v_up_kernel(const std::string& name, const DeviceInfo& info) {
   if (name == "tma128") return {VUpKernel::kTma128};
   if (name == "tma64") return {VUpKernel::kTma64};
   if (name == "tmas") return {VUpKernel::kTmaStream};
+  if (name == "tmasm") return {VUpKernel::kTmaMcast};
   for (const StreamTile& t : kStreamTiles)
     if (name == (t.loop ? "tmasl:" : "tmas:") + std::to_string(t.bm) + "x" + std::to_string(t.bn))
       return {VUpKernel::kTmaStream, t};
-  MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, wgmma, tma128, tma64, tiles, tmas or "
+  MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, wgmma, tma128, tma64, tiles, tmas, tmasm or "
                                   "tmas:BMxBN / tmasl:BMxBN (an instantiated tile), got " + name);
   return {VUpKernel::kTiles};
 }
@@ -84,6 +90,11 @@ VUpChoice pick_v_up_kernel(const AbsorbParams& p) {
   const char* forced = std::getenv("MLA_EXT_VUP_KERNEL");
   if (forced != nullptr && forced[0] != '\0') return forced_v_up_kernel(forced, info);
   const int64_t t = p.num_tokens;
+  // bf16 weights, past the smallest T, while 64-row tiles of all heads fit in one wave: the
+  // streamed-weight TMA kernel with BN for about one CTA per SM.
+  const bool bf16 = p.weight_dtype == DType::kBF16;
+  if (sm90 && bf16 && t > (p.num_heads < 96 ? 16 : 32) && p.num_heads * ((t + 63) / 64) <= info.num_sms)
+    return {VUpKernel::kTmaStream};
   if (p.num_heads < 96) {
     if (t <= 128 || (!sm90 && t <= 512)) return {VUpKernel::kKSplit};
     if (!sm90) return {VUpKernel::kTiles};
@@ -169,6 +180,13 @@ void run_v_up(const AbsorbParams& p) {
       return run_tiers<AbsorbOp::kVUp, kFp8>(p);
     case VUpKernel::kTmaStream:
       return run_tma_stream_or_fallback<kFp8>(choice.tile, p);
+    case VUpKernel::kTmaMcast:
+      if constexpr (kFp8) {
+        return run_tma_or_fallback<kFp8, 128>(p);  // e4m3 weights: the resident-weight kernel
+      } else {
+        if (!run_v_up_tma_mcast(p)) tma_refused<kFp8>(p);
+        return;
+      }
   }
 }
 

@@ -98,5 +98,8 @@ bool run_v_up_tma(const AbsorbParams& params);
 // false as above.
 template <int kBM, int kBN, bool kLoop>
 bool run_v_up_tma_stream(const AbsorbParams& params);
+// Streamed weights multicast over clusters of 2 CTAs that compute a head's two 128-row tiles,
+// persistent (sm90/v_up_tma.cuh); bf16 weights only. Returns false as above.
+bool run_v_up_tma_mcast(const AbsorbParams& params);
 
 }  // namespace mla::absorb

@@ -11,4 +11,5 @@ template bool run_v_up_tma_stream<128, 64, false>(const AbsorbParams&);
 template bool run_v_up_tma_stream<128, 128, false>(const AbsorbParams&);
 template bool run_v_up_tma_stream<64, 128, true>(const AbsorbParams&);
 template bool run_v_up_tma_stream<128, 128, true>(const AbsorbParams&);
+bool run_v_up_tma_mcast(const AbsorbParams& p) { return run_v_up_tma_mcast_impl(p); }
 }  // namespace mla::absorb

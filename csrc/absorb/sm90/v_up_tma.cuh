@@ -415,4 +415,174 @@ bool run_v_up_tma_stream(const AbsorbParams& p) {
   return launch_v_up_tma_stream<TmaStreamVUpConfig<kBM / 64, kBN, kLoop>>(p);
 }
 
+// ---- v_up with streamed weights shared by a cluster of 2 (bf16 weights, many heads, T = 129-512)
+//
+// Grid = 2 x num_clusters CTAs in clusters of 2, num_clusters = min(items, clusters that fit at
+// once): persistent. Items are (head h, pair of 128-row tiles); cluster c takes items c,
+// c + num_clusters, ..., and rank r of it computes tile 2 pair + r of head h (all 128 columns; rows
+// at or beyond T are zero-filled by TMA and not stored). Each stage holds the [128 n, 64 k]
+// weight piece and the tile's [128, 64] x piece; rank r loads weight rows [64 r, 64 r + 64) of
+// the piece multicast into both CTAs, and its own x piece, all onto its "full" barrier (32 KiB).
+// Since a multicast writes into the peer's stage too, each stage's "empty" barrier counts the
+// consumer warps of both CTAs (each consumer warp arrives on its own CTA's and on the peer's).
+// Why: the resident-weight kernels keep only ~96 KiB of x in flight behind the 128 KiB weight
+// (H = 128, T = 256: 0.93-0.95x of torch.bmm); streaming the weight with every stage keeps 192
+// KiB in flight but read the weights twice from L2 (tmasl, slower); shared by the two tiles of
+// a head through the multicast, each weight byte leaves L2 once per pair, as in the cuBLAS kernel
+// torch.bmm runs there (128 x 128 tiles, 6 stages, clusters of 2).
+struct TmaMcastVUpConfig {
+  static constexpr bool kFp8 = false;
+  static constexpr int kConsumers = 2;
+  static constexpr int BM = 128, BN = 128, K = kKvLoraRank, BK = 64;
+  static constexpr int kChunks = K / BK;
+  static constexpr int kConsumerThreads = 128 * kConsumers;
+  static constexpr int kThreads = kConsumerThreads + 32;
+  static constexpr int kWBytes = BN * BK * 2;       // a stage's weight piece, 16 KiB (half from the peer)
+  static constexpr int kXBytes = BM * BK * 2;       // ... and this CTA's x piece, 16 KiB
+  static constexpr int kStageBytes = kWBytes + kXBytes;
+  static constexpr int kStages = 6;
+  static constexpr int kBarOffset = kStages * kStageBytes;
+  static constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8 + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of sm90");
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_mcast_kernel(const __grid_constant__ TmaVUpParams args) {
+#if MLA_SM90A
+  using namespace sm80;
+  using namespace sm90;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, kChunks = Cfg::kChunks, kStages = Cfg::kStages;
+  const AbsorbParams& p = args.p;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
+  const uint32_t smem_s = smem_addr(smem);  // kStages x ([128 n][8 chunks] weight, [128][8 chunks] x)
+  const uint32_t full_bar = smem_s + Cfg::kBarOffset, empty_bar = full_bar + kStages * 8;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const uint32_t rank = cluster_ctarank(), peer = rank ^ 1;
+  const int cluster = blockIdx.x / 2, num_clusters = gridDim.x / 2;
+  const int64_t pairs = (p.num_tokens + 2 * BM - 1) / (2 * BM);  // tile pairs per head
+  const int64_t items = pairs * p.num_heads;
+  const int my_items = cluster < items ? static_cast<int>((items - 1 - cluster) / num_clusters + 1) : 0;
+
+  if (warp == 4 * Cfg::kConsumers && lane == 0) {
+    prefetch_tensor_map(&args.x_map);
+    prefetch_tensor_map(&args.w_map);
+  }
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_bar + 8 * s, 1);                          // this producer's arrive + 32 KiB
+      mbar_init(empty_bar + 8 * s, 2 * 4 * Cfg::kConsumers);  // every consumer warp of both CTAs
+    }
+    mbar_init_fence();
+  }
+  cluster_sync();  // both CTAs' barriers are initialised before any multicast or remote arrival
+
+  if (warp == 4 * Cfg::kConsumers) {
+    // ---- producer warp: one lane issues every load
+    if (lane == 0) {
+      const int total_steps = my_items * kChunks;
+#pragma unroll 1
+      for (int step = 0; step < total_steps; ++step) {
+        const int stage = step % kStages, kc = step % kChunks;
+        const int64_t item = cluster + static_cast<int64_t>(step / kChunks) * num_clusters;
+        const int h = static_cast<int>(item / pairs);
+        const int tile = static_cast<int>(2 * (item % pairs) + rank);
+        const uint32_t dst = smem_s + stage * Cfg::kStageBytes;
+        // both CTAs' consumers are done with this stage (the multicast writes into the peer too)
+        if (step >= kStages) mbar_wait(empty_bar + 8 * stage, ((step / kStages) - 1) & 1);
+        mbar_arrive_expect_tx(full_bar + 8 * stage, Cfg::kStageBytes);
+        tma_load_2d_multicast(dst + rank * (Cfg::kWBytes / 2), &args.w_map, full_bar + 8 * stage, kc * BK,
+                              h * kVHeadDim + static_cast<int>(rank) * (BN / 2), 0x3);
+        tma_load_3d(dst + Cfg::kWBytes, &args.x_map, full_bar + 8 * stage, kc * BK, h, tile * BM);
+      }
+    }
+  } else {
+    // ---- consumer warpgroups: rows [64 wg, 64 wg + 64) of each tile
+    const int wg = warp / 4, tid_wg = tid % 128;
+    float acc[BN / 2];
+    for (int i = 0; i < my_items; ++i) {
+#pragma unroll
+      for (int e = 0; e < BN / 2; ++e) fence_operand(acc[e]);
+#pragma unroll
+      for (int kc = 0; kc < kChunks; ++kc) {
+        const int step = i * kChunks + kc, stage = step % kStages;
+        mbar_wait(full_bar + 8 * stage, (step / kStages) & 1);
+        const uint32_t w_piece = smem_s + stage * Cfg::kStageBytes;
+        const uint32_t x_piece = w_piece + Cfg::kWBytes + wg * (64 * 128);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk)
+          wgmma_m64n128k16_bf16(acc, kmajor_sw128_desc(x_piece + kk * 32), kmajor_sw128_desc(w_piece + kk * 32),
+                                kc > 0 || kk > 0);
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous piece's wgmma are done: release its stage in both CTAs
+        if (kc > 0 && lane == 0) {
+          const uint32_t bar = empty_bar + 8 * ((step - 1) % kStages);
+          mbar_arrive(bar);
+          mbar_arrive_cluster(bar, peer);
+        }
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int e = 0; e < BN / 2; ++e) fence_operand(acc[e]);
+      if (lane == 0) {
+        const uint32_t bar = empty_bar + 8 * ((i * kChunks + kChunks - 1) % kStages);
+        mbar_arrive(bar);
+        mbar_arrive_cluster(bar, peer);
+      }
+      const int64_t item = cluster + static_cast<int64_t>(i) * num_clusters;
+      const int64_t h = item / pairs, tile = 2 * (item % pairs) + rank;
+      auto* c_head = static_cast<__nv_bfloat16*>(p.c) + h * p.stride_c_head;
+      store_acc_m64n128<BN>(acc, c_head, tile * BM + wg * 64, p.num_tokens, p.stride_c_token, tid_wg);
+    }
+  }
+  // No CTA leaves while its peer may still multicast into it or arrive on its barriers.
+  __syncwarp();
+  cluster_sync();
+#elif defined(__CUDA_ARCH__)
+  __trap();  // wgmma, TMA and clusters as used here exist on sm_90a only; the host never launches this elsewhere
+#endif
+}
+
+template <class Cfg>
+bool launch_v_up_tma_mcast(const AbsorbParams& p) {
+  TmaVUpParams args{};
+  args.p = p;
+  // the weight box is half a piece: [64 rows n][64 k]
+  if (!make_v_up_tensor_maps<Cfg::BM, Cfg::BN / 2>(p, false, &args.x_map, &args.w_map)) return false;
+  auto kernel = v_up_tma_mcast_kernel<Cfg>;
+  opt_in_smem_once<Cfg>(reinterpret_cast<const void*>(kernel), p.device);
+  cudaLaunchConfig_t config{};
+  config.blockDim = dim3(Cfg::kThreads);
+  config.dynamicSmemBytes = Cfg::kSmemBytes;
+  config.stream = p.stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 2;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  // As many clusters as fit at once (persistent), asked once per device.
+  constexpr int kMaxDevices = 64;
+  static int max_clusters[kMaxDevices] = {};
+  MLA_HOST_CHECK(p.device >= 0 && p.device < kMaxDevices, "device index out of range");
+  if (max_clusters[p.device] == 0) {
+    config.gridDim = dim3(2 * (device_info(p.device).num_sms / 2));
+    int n = 0;
+    MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &config));
+    MLA_HOST_CHECK(n >= 1, "v_up: the multicast kernel's clusters do not fit on the GPU");
+    max_clusters[p.device] = n;
+  }
+  const int64_t items = (p.num_tokens + 2 * Cfg::BM - 1) / (2 * Cfg::BM) * p.num_heads;
+  const int64_t clusters = items < max_clusters[p.device] ? items : max_clusters[p.device];
+  MLA_HOST_CHECK(p.num_tokens <= (int64_t(1) << 31) - 2 * Cfg::BM, "v_up: T too large for the TMA kernel's coordinates");
+  config.gridDim = dim3(static_cast<unsigned>(2 * clusters));
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args));
+  MLA_CHECK_LAUNCH();
+  return true;
+}
+
+inline bool run_v_up_tma_mcast_impl(const AbsorbParams& p) { return launch_v_up_tma_mcast<TmaMcastVUpConfig>(p); }
+
 }  // namespace mla::absorb
