@@ -63,11 +63,10 @@ def test_q_absorb(t, h, fp8):
 # H < 96), odd sizes (7, 257), the issue's 4096 and a large T with a partial last tile for every
 # BM (4097).
 V_UP_TOKENS = (1, 7, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 512, 513, 4096, 4097)
-# tmas* are the TMA kernel with streamed weights, every tile absorb.cu instantiates (tmas: one tile
-# per CTA, tmasl: looped; e4m3 weights take the resident-weight TMA kernel).
-STREAM_TILES = ("tmas:64x32", "tmas:64x64", "tmas:64x128", "tmas:128x64", "tmas:128x128", "tmasl:64x128",
-                "tmasl:128x128")
-V_UP_KERNELS = ("auto", "portable", "ksplit", "wgmma", "tma128", "tma64", "tiles", "tmas", "tmasm") + STREAM_TILES
+# tmas* are the TMA kernel with streamed weights, BN by T and H or forced (e4m3 weights take the
+# resident-weight 64-row TMA kernel).
+STREAM_TILES = ("tmas:64x32", "tmas:64x64", "tmas:64x128")
+V_UP_KERNELS = ("auto", "portable", "ksplit", "wgmma", "tma128", "tma64", "tiles", "tmas") + STREAM_TILES
 SM90_ONLY = ("wgmma", "tma128", "tma64", "tmas")
 
 
@@ -97,7 +96,7 @@ def test_v_up(t, h, fp8, kernel, monkeypatch):
         assert_close(out, reference.v_up(x.float(), w_uv, scale), name=f"v_up T={t} H={h} vs fp32 weights", **FP32_W_TOL)
 
 
-@pytest.mark.parametrize("kernel", ("ksplit", "wgmma", "tma128", "tma64", "tiles", "tmas", "tmasm") + STREAM_TILES)
+@pytest.mark.parametrize("kernel", ("ksplit", "wgmma", "tma128", "tma64", "tiles", "tmas") + STREAM_TILES)
 def test_v_up_sanitizer_small(kernel, monkeypatch):
     """Small cases of each v_up kernel for compute-sanitizer (-k sanitizer): partial tiles, a
     head count that is no power of two, a padded out= buffer whose NaN must survive, and

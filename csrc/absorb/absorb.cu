@@ -36,12 +36,9 @@ void run_tiers(const AbsorbParams& p) {
 // v_up's kernels. MLA_EXT_VUP_KERNEL forces one (tests run every kernel at every size with it;
 // the benchmark's --sweep-v-up measures each at every size):
 //   ksplit, wgmma, tma128, tma64, tiles   (tiles: the tier by T)
-//   tmas                  the TMA kernel with streamed weights, tile by T and H as below
-//   tmas:BMxBN, tmasl:BMxBN   ... with that tile, one per CTA (tmas) or looped (tmasl); the
-//                         instantiated ones are kStreamTiles. bf16 weights only: e4m3 weights take
-//                         the resident-weight TMA kernel of the same BM.
-//   tmasm                 streamed weights multicast over clusters of 2 (128 x 128 tiles; e4m3:
-//                         the resident-weight TMA kernel)
+//   tmas                  the TMA kernel with streamed weights, BN by T and H as below
+//   tmas:64xBN            ... with BN = 32, 64 or 128. bf16 weights only: e4m3 weights take the
+//                         resident-weight 64-row TMA kernel.
 // otherwise the fastest measured on the H200 at the benchmarked T (README.md has the numbers):
 //   sm90, bf16 weights, T > 16 (H < 96) or T > 32 (H >= 96), H * ceil(T / 64) <= the SM count:
 //            the streamed-weight TMA kernel, 64-row tiles, BN = 32, 64 or 128 for about one CTA
@@ -52,19 +49,11 @@ void run_tiers(const AbsorbParams& p) {
 //   H >= 96: T <= 32 the tiles (one CTA per head, all of K in flight); on sm90 T <= 64 TMA
 //            64 x 128 tiles, T <= 256 the cp.async wgmma kernel, beyond TMA 128 x 128 tiles;
 //            elsewhere (sm100, MLA_EXT_FORCE_PORTABLE=1) the tiles.
-enum class VUpKernel { kKSplit, kWgmma, kTma128, kTma64, kTiles, kTmaStream, kTmaMcast };
-
-struct StreamTile {
-  int bm, bn;
-  bool loop;
-};
-// The instantiated tiles of the streamed-weight TMA kernel (instantiations/v_up_tma_stream_bf16.cu).
-constexpr StreamTile kStreamTiles[] = {{64, 32, false},  {64, 64, false}, {64, 128, false}, {128, 64, false},
-                                       {128, 128, false}, {64, 128, true}, {128, 128, true}};
+enum class VUpKernel { kKSplit, kWgmma, kTma128, kTma64, kTiles, kTmaStream };
 
 struct VUpChoice {
   VUpKernel kernel;
-  StreamTile tile{0, 0, false};  // kTmaStream only; bm = 0: by T and H
+  int stream_bn = 0;  // kTmaStream only: 32, 64, 128, or 0 for by T and H
 };
 
 VUpChoice forced_v_up_kernel(const std::string& name, const DeviceInfo& info) {
@@ -75,12 +64,10 @@ VUpChoice forced_v_up_kernel(const std::string& name, const DeviceInfo& info) {
   if (name == "tma128") return {VUpKernel::kTma128};
   if (name == "tma64") return {VUpKernel::kTma64};
   if (name == "tmas") return {VUpKernel::kTmaStream};
-  if (name == "tmasm") return {VUpKernel::kTmaMcast};
-  for (const StreamTile& t : kStreamTiles)
-    if (name == (t.loop ? "tmasl:" : "tmas:") + std::to_string(t.bm) + "x" + std::to_string(t.bn))
-      return {VUpKernel::kTmaStream, t};
-  MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, wgmma, tma128, tma64, tiles, tmas, tmasm or "
-                                  "tmas:BMxBN / tmasl:BMxBN (an instantiated tile), got " + name);
+  for (int bn : {32, 64, 128})
+    if (name == "tmas:64x" + std::to_string(bn)) return {VUpKernel::kTmaStream, bn};
+  MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, wgmma, tma128, tma64, tiles, tmas or "
+                                  "tmas:64x32 / tmas:64x64 / tmas:64x128, got " + name);
   return {VUpKernel::kTiles};
 }
 
@@ -105,18 +92,11 @@ VUpChoice pick_v_up_kernel(const AbsorbParams& p) {
   return {t <= 256 ? VUpKernel::kWgmma : VUpKernel::kTma128};
 }
 
-// The streamed-weight tile when none was forced: 64-row tiles, BN for about one CTA per SM.
-StreamTile auto_stream_tile(const AbsorbParams& p) {
+// The streamed-weight kernel's BN when none was forced: 64-row tiles, BN for about one CTA per SM.
+int auto_stream_bn(const AbsorbParams& p) {
   const int64_t ctas = p.num_heads * ((p.num_tokens + 63) / 64);
   const int64_t room = device_info(p.device).num_sms / ctas;
-  return {64, room >= 4 ? 32 : room >= 2 ? 64 : 128, false};
-}
-
-template <int kBM, int kBN, bool kLoop>
-bool try_stream(const StreamTile& t, const AbsorbParams& p, bool* refused) {
-  if (t.bm != kBM || t.bn != kBN || t.loop != kLoop) return false;
-  *refused = !absorb::run_v_up_tma_stream<kBM, kBN, kLoop>(p);
-  return true;
+  return room >= 4 ? 32 : room >= 2 ? 64 : 128;
 }
 
 // ksplit: BM = 16 up to 16 tokens, else 64; 128 / BN CTAs per (head, tile), the largest power of
@@ -148,18 +128,15 @@ void run_tma_or_fallback(const AbsorbParams& p) {
 
 // Streamed weights need bf16 weights (TMA); e4m3 weights take the resident-weight TMA kernel.
 template <bool kFp8>
-void run_tma_stream_or_fallback(StreamTile t, const AbsorbParams& p) {
-  if (t.bm == 0) t = auto_stream_tile(p);
+void run_tma_stream_or_fallback(int bn, const AbsorbParams& p) {
   if constexpr (kFp8) {
-    return t.bm <= 64 ? run_tma_or_fallback<kFp8, 64>(p) : run_tma_or_fallback<kFp8, 128>(p);
+    run_tma_or_fallback<kFp8, 64>(p);
   } else {
-    bool refused = false;
-    const bool ran = try_stream<64, 32, false>(t, p, &refused) || try_stream<64, 64, false>(t, p, &refused) ||
-                     try_stream<64, 128, false>(t, p, &refused) || try_stream<128, 64, false>(t, p, &refused) ||
-                     try_stream<128, 128, false>(t, p, &refused) || try_stream<64, 128, true>(t, p, &refused) ||
-                     try_stream<128, 128, true>(t, p, &refused);
-    MLA_HOST_CHECK(ran, "v_up: no streamed-weight TMA kernel for this tile");
-    if (refused) tma_refused<kFp8>(p);
+    if (bn == 0) bn = auto_stream_bn(p);
+    const bool ran = bn == 32   ? absorb::run_v_up_tma_stream<64, 32>(p)
+                     : bn == 64 ? absorb::run_v_up_tma_stream<64, 64>(p)
+                                : absorb::run_v_up_tma_stream<64, 128>(p);
+    if (!ran) tma_refused<kFp8>(p);
   }
 }
 
@@ -179,14 +156,8 @@ void run_v_up(const AbsorbParams& p) {
     case VUpKernel::kTiles:
       return run_tiers<AbsorbOp::kVUp, kFp8>(p);
     case VUpKernel::kTmaStream:
-      return run_tma_stream_or_fallback<kFp8>(choice.tile, p);
-    case VUpKernel::kTmaMcast:
-      if constexpr (kFp8) {
-        return run_tma_or_fallback<kFp8, 128>(p);  // e4m3 weights: the resident-weight kernel
-      } else {
-        if (!run_v_up_tma_mcast(p)) tma_refused<kFp8>(p);
-        return;
-      }
+      return run_tma_stream_or_fallback<kFp8>(choice.stream_bn, p);
+
   }
 }
 

@@ -111,7 +111,7 @@ def bench(timer: Timer, roofline: Roofline, quick: bool = False) -> list[Row]:
 
 
 SWEEP_TOKENS = (1, 16, 32, 64, 128, 256, 512, 1024, 8192)
-V_UP_KERNELS = ("ksplit", "wgmma", "tma128", "tma64", "tiles")
+V_UP_KERNELS = ("ksplit", "wgmma", "tma128", "tma64", "tiles", "tmas:64x32", "tmas:64x64", "tmas:64x128")
 
 
 def sweep_v_up(timer: Timer, roofline: Roofline, kernels: tuple[str, ...] = V_UP_KERNELS,

@@ -270,25 +270,27 @@ bool run_v_up_tma(const AbsorbParams& p) {
   return launch_v_up_tma<TmaVUpConfig<kFp8, kBM / 64>>(p);
 }
 
-// ---- v_up with the weights streamed next to x (bf16 weights, few heads and T <= 256) ----------
+// ---- v_up with the weights streamed next to x (bf16 weights; absorb.cu: T = 17-256 at H < 96,
+// T = 33-64 at H >= 96, while the tiles of all heads fit in one wave) ---------------------------
 //
-// Grid = (m_splits, 128 / BN, H): CTA (z, nb, h) computes output columns [nb BN, nb BN + BN) of
-// head h for the BM-row tiles z, z + m_splits, ..., BM = 64 kConsumers (one or two consumer
-// warpgroups of 64 rows), over the 8 k pieces of 64 of each tile. Each stage holds one piece of
-// the weight ([BN n, 64 k]) and one of x ([BM, 64]), both loaded by TMA onto one "full" barrier;
-// the producer runs through every tile's pieces, kStages ahead, so the next tile's loads overlap
-// this tile's last wgmma and its epilogue. Consumers: wgmma m64nBNk16 as in v_up_tma_kernel,
-// epilogue straight from the accumulators (store_acc_m64n128).
+// Grid = (ceil(T / BM), 128 / BN, H): CTA (m, nb, h) computes output columns [nb BN, nb BN + BN)
+// of head h for BM-row tile m (the kernel also loops over tiles m, m + gridDim.x, ..., which the
+// launcher does not use), BM = 64 kConsumers (instantiated: 64, one consumer warpgroup), over the
+// 8 k pieces of 64. Each stage holds one piece of the weight ([BN n, 64 k]) and one of x ([BM,
+// 64]), both loaded by TMA onto one "full" barrier; with 64-row tiles all 8 stages fit, so the
+// CTA's whole working set (BN + 64 rows of 1 KiB) is requested at once. Consumers: wgmma
+// m64nBNk16 as in v_up_tma_kernel, epilogue straight from the accumulators (store_acc_m64n128).
 // Why: the resident-weight kernels give each CTA all 128 columns of a head (128 KiB of weight
-// before its first tile completes), which leaves few heads' small T on few SMs, and between
-// tiles only the x stages in flight. Here a head's columns spread over 128 / BN CTAs (H = 16,
-// T = 128: 128 CTAs of 32 columns, 96 KiB each, all in flight at once: the split torch.bmm's
-// cuBLAS kernel uses there), and every stage carries its weight piece, so the pipeline depth
-// stays ~192 KiB across tiles (the weights come again from L2 for each tile).
-template <int kConsumers_, int kBN, bool kLoop_>
+// before its first tile completes), which leaves few heads' small T on few SMs; ksplit spreads
+// them but loads by cp.async (24-32 16-byte copies per thread). Here a head's columns spread over
+// 128 / BN CTAs (H = 16, T = 128: 128 CTAs of 32 columns, 96 KiB each, the split torch.bmm's
+// cuBLAS kernel uses there) and one thread issues 16 TMA loads. Measured and not kept (H200,
+// README.md): 128-row tiles, several tiles per CTA with the weight pieces re-streamed from L2
+// (looped, one wave), and the weight multicast over clusters of 2 CTAs (persistent, as cuBLAS
+// does at H = 128, T = 256): each slower than the resident-weight kernels at T >= 128.
+template <int kConsumers_, int kBN>
 struct TmaStreamVUpConfig {
   static constexpr bool kFp8 = false;
-  static constexpr bool kLoop = kLoop_;  // several tiles per CTA (m_splits by the SM count), else one
   static constexpr int kConsumers = kConsumers_;
   static constexpr int BM = 64 * kConsumers, BN = kBN, K = kKvLoraRank, BK = 64;
   static constexpr int kChunks = K / BK;
@@ -298,8 +300,7 @@ struct TmaStreamVUpConfig {
   static constexpr int kXBytes = BM * BK * 2;                  // ... and x piece, after it
   static constexpr int kStageBytes = kWBytes + kXBytes;        // multiple of 1024
   static constexpr int kStagesFit = 200 * 1024 / kStageBytes;
-  static constexpr int kMaxStages = kLoop ? 2 * kChunks : kChunks;  // one tile needs no more than 8
-  static constexpr int kStages = kStagesFit > kMaxStages ? kMaxStages : kStagesFit;
+  static constexpr int kStages = kStagesFit > kChunks ? kChunks : kStagesFit;  // a tile needs at most 8
   static constexpr int kBarOffset = kStages * kStageBytes;
   static constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8 + 1024;
   static_assert(kConsumers == 1 || kConsumers == 2);
@@ -397,11 +398,8 @@ bool launch_v_up_tma_stream(const AbsorbParams& p) {
   if (!make_v_up_tensor_maps<Cfg::BM, Cfg::BN>(p, false, &args.x_map, &args.w_map)) return false;
   auto kernel = v_up_tma_stream_kernel<Cfg>;
   opt_in_smem_once<Cfg>(reinterpret_cast<const void*>(kernel), p.device);
-  const int64_t num_tiles = (p.num_tokens + Cfg::BM - 1) / Cfg::BM;
-  // One tile per CTA, or (kLoop) one wave: as many M splits as leave no SM idle.
-  const int64_t ctas = p.num_heads * (kVHeadDim / Cfg::BN);
-  int64_t m_splits = Cfg::kLoop ? device_info(p.device).num_sms / ctas : num_tiles;
-  m_splits = m_splits < 1 ? 1 : (m_splits > num_tiles ? num_tiles : m_splits);
+  // One tile per CTA (the dispatch takes this kernel where that is at most one wave).
+  const int64_t m_splits = (p.num_tokens + Cfg::BM - 1) / Cfg::BM;
   MLA_HOST_CHECK(p.num_heads <= 65535 && m_splits <= 65535, "v_up: grid too large (H or T)");
   MLA_HOST_CHECK(p.num_tokens <= (int64_t(1) << 31) - Cfg::BM, "v_up: T too large for the TMA kernel's coordinates");
   const dim3 grid(static_cast<unsigned>(m_splits), kVHeadDim / Cfg::BN, static_cast<unsigned>(p.num_heads));
@@ -410,179 +408,9 @@ bool launch_v_up_tma_stream(const AbsorbParams& p) {
   return true;
 }
 
-template <int kBM, int kBN, bool kLoop>
+template <int kBM, int kBN>
 bool run_v_up_tma_stream(const AbsorbParams& p) {
-  return launch_v_up_tma_stream<TmaStreamVUpConfig<kBM / 64, kBN, kLoop>>(p);
+  return launch_v_up_tma_stream<TmaStreamVUpConfig<kBM / 64, kBN>>(p);
 }
-
-// ---- v_up with streamed weights shared by a cluster of 2 (bf16 weights, many heads, T = 129-512)
-//
-// Grid = 2 x num_clusters CTAs in clusters of 2, num_clusters = min(items, clusters that fit at
-// once): persistent. Items are (head h, pair of 128-row tiles); cluster c takes items c,
-// c + num_clusters, ..., and rank r of it computes tile 2 pair + r of head h (all 128 columns; rows
-// at or beyond T are zero-filled by TMA and not stored). Each stage holds the [128 n, 64 k]
-// weight piece and the tile's [128, 64] x piece; rank r loads weight rows [64 r, 64 r + 64) of
-// the piece multicast into both CTAs, and its own x piece, all onto its "full" barrier (32 KiB).
-// Since a multicast writes into the peer's stage too, each stage's "empty" barrier counts the
-// consumer warps of both CTAs (each consumer warp arrives on its own CTA's and on the peer's).
-// Why: the resident-weight kernels keep only ~96 KiB of x in flight behind the 128 KiB weight
-// (H = 128, T = 256: 0.93-0.95x of torch.bmm); streaming the weight with every stage keeps 192
-// KiB in flight but read the weights twice from L2 (tmasl, slower); shared by the two tiles of
-// a head through the multicast, each weight byte leaves L2 once per pair, as in the cuBLAS kernel
-// torch.bmm runs there (128 x 128 tiles, 6 stages, clusters of 2).
-struct TmaMcastVUpConfig {
-  static constexpr bool kFp8 = false;
-  static constexpr int kConsumers = 2;
-  static constexpr int BM = 128, BN = 128, K = kKvLoraRank, BK = 64;
-  static constexpr int kChunks = K / BK;
-  static constexpr int kConsumerThreads = 128 * kConsumers;
-  static constexpr int kThreads = kConsumerThreads + 32;
-  static constexpr int kWBytes = BN * BK * 2;       // a stage's weight piece, 16 KiB (half from the peer)
-  static constexpr int kXBytes = BM * BK * 2;       // ... and this CTA's x piece, 16 KiB
-  static constexpr int kStageBytes = kWBytes + kXBytes;
-  static constexpr int kStages = 6;
-  static constexpr int kBarOffset = kStages * kStageBytes;
-  static constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8 + 1024;
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of sm90");
-};
-
-template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_mcast_kernel(const __grid_constant__ TmaVUpParams args) {
-#if MLA_SM90A
-  using namespace sm80;
-  using namespace sm90;
-  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, kChunks = Cfg::kChunks, kStages = Cfg::kStages;
-  const AbsorbParams& p = args.p;
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
-  const uint32_t smem_s = smem_addr(smem);  // kStages x ([128 n][8 chunks] weight, [128][8 chunks] x)
-  const uint32_t full_bar = smem_s + Cfg::kBarOffset, empty_bar = full_bar + kStages * 8;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const uint32_t rank = cluster_ctarank(), peer = rank ^ 1;
-  const int cluster = blockIdx.x / 2, num_clusters = gridDim.x / 2;
-  const int64_t pairs = (p.num_tokens + 2 * BM - 1) / (2 * BM);  // tile pairs per head
-  const int64_t items = pairs * p.num_heads;
-  const int my_items = cluster < items ? static_cast<int>((items - 1 - cluster) / num_clusters + 1) : 0;
-
-  if (warp == 4 * Cfg::kConsumers && lane == 0) {
-    prefetch_tensor_map(&args.x_map);
-    prefetch_tensor_map(&args.w_map);
-  }
-  if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_bar + 8 * s, 1);                          // this producer's arrive + 32 KiB
-      mbar_init(empty_bar + 8 * s, 2 * 4 * Cfg::kConsumers);  // every consumer warp of both CTAs
-    }
-    mbar_init_fence();
-  }
-  cluster_sync();  // both CTAs' barriers are initialised before any multicast or remote arrival
-
-  if (warp == 4 * Cfg::kConsumers) {
-    // ---- producer warp: one lane issues every load
-    if (lane == 0) {
-      const int total_steps = my_items * kChunks;
-#pragma unroll 1
-      for (int step = 0; step < total_steps; ++step) {
-        const int stage = step % kStages, kc = step % kChunks;
-        const int64_t item = cluster + static_cast<int64_t>(step / kChunks) * num_clusters;
-        const int h = static_cast<int>(item / pairs);
-        const int tile = static_cast<int>(2 * (item % pairs) + rank);
-        const uint32_t dst = smem_s + stage * Cfg::kStageBytes;
-        // both CTAs' consumers are done with this stage (the multicast writes into the peer too)
-        if (step >= kStages) mbar_wait(empty_bar + 8 * stage, ((step / kStages) - 1) & 1);
-        mbar_arrive_expect_tx(full_bar + 8 * stage, Cfg::kStageBytes);
-        tma_load_2d_multicast(dst + rank * (Cfg::kWBytes / 2), &args.w_map, full_bar + 8 * stage, kc * BK,
-                              h * kVHeadDim + static_cast<int>(rank) * (BN / 2), 0x3);
-        tma_load_3d(dst + Cfg::kWBytes, &args.x_map, full_bar + 8 * stage, kc * BK, h, tile * BM);
-      }
-    }
-  } else {
-    // ---- consumer warpgroups: rows [64 wg, 64 wg + 64) of each tile
-    const int wg = warp / 4, tid_wg = tid % 128;
-    float acc[BN / 2];
-    for (int i = 0; i < my_items; ++i) {
-#pragma unroll
-      for (int e = 0; e < BN / 2; ++e) fence_operand(acc[e]);
-#pragma unroll
-      for (int kc = 0; kc < kChunks; ++kc) {
-        const int step = i * kChunks + kc, stage = step % kStages;
-        mbar_wait(full_bar + 8 * stage, (step / kStages) & 1);
-        const uint32_t w_piece = smem_s + stage * Cfg::kStageBytes;
-        const uint32_t x_piece = w_piece + Cfg::kWBytes + wg * (64 * 128);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk)
-          wgmma_m64n128k16_bf16(acc, kmajor_sw128_desc(x_piece + kk * 32), kmajor_sw128_desc(w_piece + kk * 32),
-                                kc > 0 || kk > 0);
-        wgmma_commit();
-        wgmma_wait<1>();  // the previous piece's wgmma are done: release its stage in both CTAs
-        if (kc > 0 && lane == 0) {
-          const uint32_t bar = empty_bar + 8 * ((step - 1) % kStages);
-          mbar_arrive(bar);
-          mbar_arrive_cluster(bar, peer);
-        }
-      }
-      wgmma_wait<0>();
-#pragma unroll
-      for (int e = 0; e < BN / 2; ++e) fence_operand(acc[e]);
-      if (lane == 0) {
-        const uint32_t bar = empty_bar + 8 * ((i * kChunks + kChunks - 1) % kStages);
-        mbar_arrive(bar);
-        mbar_arrive_cluster(bar, peer);
-      }
-      const int64_t item = cluster + static_cast<int64_t>(i) * num_clusters;
-      const int64_t h = item / pairs, tile = 2 * (item % pairs) + rank;
-      auto* c_head = static_cast<__nv_bfloat16*>(p.c) + h * p.stride_c_head;
-      store_acc_m64n128<BN>(acc, c_head, tile * BM + wg * 64, p.num_tokens, p.stride_c_token, tid_wg);
-    }
-  }
-  // No CTA leaves while its peer may still multicast into it or arrive on its barriers.
-  __syncwarp();
-  cluster_sync();
-#elif defined(__CUDA_ARCH__)
-  __trap();  // wgmma, TMA and clusters as used here exist on sm_90a only; the host never launches this elsewhere
-#endif
-}
-
-template <class Cfg>
-bool launch_v_up_tma_mcast(const AbsorbParams& p) {
-  TmaVUpParams args{};
-  args.p = p;
-  // the weight box is half a piece: [64 rows n][64 k]
-  if (!make_v_up_tensor_maps<Cfg::BM, Cfg::BN / 2>(p, false, &args.x_map, &args.w_map)) return false;
-  auto kernel = v_up_tma_mcast_kernel<Cfg>;
-  opt_in_smem_once<Cfg>(reinterpret_cast<const void*>(kernel), p.device);
-  cudaLaunchConfig_t config{};
-  config.blockDim = dim3(Cfg::kThreads);
-  config.dynamicSmemBytes = Cfg::kSmemBytes;
-  config.stream = p.stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 2;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  // As many clusters as fit at once (persistent), asked once per device.
-  constexpr int kMaxDevices = 64;
-  static int max_clusters[kMaxDevices] = {};
-  MLA_HOST_CHECK(p.device >= 0 && p.device < kMaxDevices, "device index out of range");
-  if (max_clusters[p.device] == 0) {
-    config.gridDim = dim3(2 * (device_info(p.device).num_sms / 2));
-    int n = 0;
-    MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &config));
-    MLA_HOST_CHECK(n >= 1, "v_up: the multicast kernel's clusters do not fit on the GPU");
-    max_clusters[p.device] = n;
-  }
-  const int64_t items = (p.num_tokens + 2 * Cfg::BM - 1) / (2 * Cfg::BM) * p.num_heads;
-  const int64_t clusters = items < max_clusters[p.device] ? items : max_clusters[p.device];
-  MLA_HOST_CHECK(p.num_tokens <= (int64_t(1) << 31) - 2 * Cfg::BM, "v_up: T too large for the TMA kernel's coordinates");
-  config.gridDim = dim3(static_cast<unsigned>(2 * clusters));
-  MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args));
-  MLA_CHECK_LAUNCH();
-  return true;
-}
-
-inline bool run_v_up_tma_mcast_impl(const AbsorbParams& p) { return launch_v_up_tma_mcast<TmaMcastVUpConfig>(p); }
 
 }  // namespace mla::absorb
