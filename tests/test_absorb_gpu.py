@@ -63,11 +63,15 @@ def test_q_absorb(t, h, fp8):
 # H < 96), odd sizes (7, 257), the issue's 4096 and a large T with a partial last tile for every
 # BM (4097).
 V_UP_TOKENS = (1, 7, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 512, 513, 4096, 4097)
-V_UP_KERNELS = ("auto", "portable", "ksplit", "wgmma", "tma128", "tma64", "tiles")
+# tmas* are the TMA kernel with streamed weights, BN by T and H or forced (e4m3 weights take the
+# resident-weight 64-row TMA kernel).
+STREAM_TILES = ("tmas:64x32", "tmas:64x64", "tmas:64x128")
+V_UP_KERNELS = ("auto", "portable", "ksplit", "wgmma", "tma128", "tma64", "tiles", "tmas") + STREAM_TILES
+SM90_ONLY = ("wgmma", "tma128", "tma64", "tmas")
 
 
 def _use_v_up_kernel(monkeypatch, kernel: str):
-    if kernel in ("wgmma", "tma128", "tma64") and torch.cuda.get_device_capability() != (9, 0):
+    if kernel.startswith(SM90_ONLY) and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip(f"the {kernel} kernel is sm90 only")
     if kernel == "portable":
         monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
@@ -92,7 +96,7 @@ def test_v_up(t, h, fp8, kernel, monkeypatch):
         assert_close(out, reference.v_up(x.float(), w_uv, scale), name=f"v_up T={t} H={h} vs fp32 weights", **FP32_W_TOL)
 
 
-@pytest.mark.parametrize("kernel", ("ksplit", "wgmma", "tma128", "tma64", "tiles"))
+@pytest.mark.parametrize("kernel", ("ksplit", "wgmma", "tma128", "tma64", "tiles", "tmas") + STREAM_TILES)
 def test_v_up_sanitizer_small(kernel, monkeypatch):
     """Small cases of each v_up kernel for compute-sanitizer (-k sanitizer): partial tiles, a
     head count that is no power of two, a padded out= buffer whose NaN must survive, and
@@ -206,5 +210,8 @@ def test_misaligned_contiguous_views(fp8):
 def test_v_up_kernel_override_is_checked(monkeypatch):
     monkeypatch.setenv("MLA_EXT_VUP_KERNEL", "fastest")
     w = _weights(4, False)
-    with pytest.raises(RuntimeError, match="MLA_EXT_VUP_KERNEL must be ksplit, wgmma, tma128, tma64 or tiles"):
+    with pytest.raises(RuntimeError, match="MLA_EXT_VUP_KERNEL must be ksplit, wgmma, tma128, tma64, tiles, tmas"):
+        mla_ext.v_up(torch.randn(3, 4, L, device="cuda", dtype=torch.bfloat16), *w.uv())
+    monkeypatch.setenv("MLA_EXT_VUP_KERNEL", "tmas:64x16")  # not an instantiated tile
+    with pytest.raises(RuntimeError, match="MLA_EXT_VUP_KERNEL must be"):
         mla_ext.v_up(torch.randn(3, 4, L, device="cuda", dtype=torch.bfloat16), *w.uv())

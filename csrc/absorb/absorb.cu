@@ -33,41 +33,70 @@ void run_tiers(const AbsorbParams& p) {
   }
 }
 
-// v_up's kernels. MLA_EXT_VUP_KERNEL=ksplit|wgmma|tma128|tma64|tiles forces one (tests run
-// every kernel at every size with it; the benchmark's --sweep-v-up measures each at every size),
+// v_up's kernels. MLA_EXT_VUP_KERNEL forces one (tests run every kernel at every size with it;
+// the benchmark's --sweep-v-up measures each at every size):
+//   ksplit, wgmma, tma128, tma64, tiles   (tiles: the tier by T)
+//   tmas                  the TMA kernel with streamed weights, BN by T and H as below
+//   tmas:64xBN            ... with BN = 32, 64 or 128. bf16 weights only: e4m3 weights take the
+//                         resident-weight 64-row TMA kernel.
 // otherwise the fastest measured on the H200 at the benchmarked T (README.md has the numbers):
-//   H < 96:  T <= 128 ksplit (K split over a CTA's warps, BN for ~one CTA per SM); on sm90
+//   sm90, bf16 weights, T > 16 (H < 96) or T > 32 (H >= 96), H * ceil(T / 64) <= the SM count:
+//            the streamed-weight TMA kernel, 64-row tiles, BN = 32, 64 or 128 for about one CTA
+//            per SM (H = 16: T <= 128 BN = 32, T <= 256 BN = 64; H = 128, T <= 64: BN = 128);
+//   else H < 96:  T <= 128 ksplit (K split over a CTA's warps, BN for ~one CTA per SM); on sm90
 //            T <= 512 TMA 64 x 128 tiles, beyond TMA 128 x 128 tiles; elsewhere ksplit up to
 //            T = 512, then the tiles.
 //   H >= 96: T <= 32 the tiles (one CTA per head, all of K in flight); on sm90 T <= 64 TMA
 //            64 x 128 tiles, T <= 256 the cp.async wgmma kernel, beyond TMA 128 x 128 tiles;
 //            elsewhere (sm100, MLA_EXT_FORCE_PORTABLE=1) the tiles.
-enum class VUpKernel { kKSplit, kWgmma, kTma128, kTma64, kTiles };
+enum class VUpKernel { kKSplit, kWgmma, kTma128, kTma64, kTiles, kTmaStream };
 
-VUpKernel pick_v_up_kernel(const AbsorbParams& p) {
+struct VUpChoice {
+  VUpKernel kernel;
+  int stream_bn = 0;  // kTmaStream only: 32, 64, 128, or 0 for by T and H
+};
+
+VUpChoice forced_v_up_kernel(const std::string& name, const DeviceInfo& info) {
+  const bool sm90_only = name == "wgmma" || name == "tma128" || name == "tma64" || name.rfind("tmas", 0) == 0;
+  MLA_HOST_CHECK(!sm90_only || info.sm_version == 90, "MLA_EXT_VUP_KERNEL=" + name + " needs sm90");
+  if (name == "ksplit") return {VUpKernel::kKSplit};
+  if (name == "wgmma") return {VUpKernel::kWgmma};
+  if (name == "tma128") return {VUpKernel::kTma128};
+  if (name == "tma64") return {VUpKernel::kTma64};
+  if (name == "tmas") return {VUpKernel::kTmaStream};
+  for (int bn : {32, 64, 128})
+    if (name == "tmas:64x" + std::to_string(bn)) return {VUpKernel::kTmaStream, bn};
+  MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, wgmma, tma128, tma64, tiles, tmas or "
+                                  "tmas:64x32 / tmas:64x64 / tmas:64x128, got " + name);
+  return {VUpKernel::kTiles};
+}
+
+VUpChoice pick_v_up_kernel(const AbsorbParams& p) {
   const DeviceInfo& info = device_info(p.device);
   const bool sm90 = info.sm_version == 90 && !force_portable_from_env();
   const char* forced = std::getenv("MLA_EXT_VUP_KERNEL");
-  if (forced != nullptr && forced[0] != '\0') {
-    const std::string name(forced);
-    if (name == "ksplit") return VUpKernel::kKSplit;
-    const bool sm90_only = name == "wgmma" || name == "tma128" || name == "tma64";
-    MLA_HOST_CHECK(!sm90_only || info.sm_version == 90, "MLA_EXT_VUP_KERNEL=" + name + " needs sm90");
-    if (name == "wgmma") return VUpKernel::kWgmma;
-    if (name == "tma128") return VUpKernel::kTma128;
-    if (name == "tma64") return VUpKernel::kTma64;
-    MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, wgmma, tma128, tma64 or tiles, got " + name);
-    return VUpKernel::kTiles;
-  }
+  if (forced != nullptr && forced[0] != '\0') return forced_v_up_kernel(forced, info);
   const int64_t t = p.num_tokens;
+  // bf16 weights, past the smallest T, while 64-row tiles of all heads fit in one wave: the
+  // streamed-weight TMA kernel with BN for about one CTA per SM.
+  const bool bf16 = p.weight_dtype == DType::kBF16;
+  if (sm90 && bf16 && t > (p.num_heads < 96 ? 16 : 32) && p.num_heads * ((t + 63) / 64) <= info.num_sms)
+    return {VUpKernel::kTmaStream};
   if (p.num_heads < 96) {
-    if (t <= 128 || (!sm90 && t <= 512)) return VUpKernel::kKSplit;
-    if (!sm90) return VUpKernel::kTiles;
-    return t <= 512 ? VUpKernel::kTma64 : VUpKernel::kTma128;
+    if (t <= 128 || (!sm90 && t <= 512)) return {VUpKernel::kKSplit};
+    if (!sm90) return {VUpKernel::kTiles};
+    return {t <= 512 ? VUpKernel::kTma64 : VUpKernel::kTma128};
   }
-  if (t <= 32 || !sm90) return VUpKernel::kTiles;
-  if (t <= 64) return VUpKernel::kTma64;
-  return t <= 256 ? VUpKernel::kWgmma : VUpKernel::kTma128;
+  if (t <= 32 || !sm90) return {VUpKernel::kTiles};
+  if (t <= 64) return {VUpKernel::kTma64};
+  return {t <= 256 ? VUpKernel::kWgmma : VUpKernel::kTma128};
+}
+
+// The streamed-weight kernel's BN when none was forced: 64-row tiles, BN for about one CTA per SM.
+int auto_stream_bn(const AbsorbParams& p) {
+  const int64_t ctas = p.num_heads * ((p.num_tokens + 63) / 64);
+  const int64_t room = device_info(p.device).num_sms / ctas;
+  return room >= 4 ? 32 : room >= 2 ? 64 : 128;
 }
 
 // ksplit: BM = 16 up to 16 tokens, else 64; 128 / BN CTAs per (head, tile), the largest power of
@@ -84,19 +113,38 @@ void run_v_up_ksplit_bm(const AbsorbParams& p) {
 }
 
 // Where the driver refuses the tensor maps (strides TMA cannot express) the cp.async wgmma kernel
-// runs instead, unless the TMA kernel was forced (tests must know which kernel they checked).
-template <bool kFp8, int kBM>
-void run_tma_or_fallback(const AbsorbParams& p) {
-  if (absorb::run_v_up_tma<kFp8, kBM>(p)) return;
+// runs instead, unless a TMA kernel was forced (tests must know which kernel they checked).
+template <bool kFp8>
+void tma_refused(const AbsorbParams& p) {
   const char* forced = std::getenv("MLA_EXT_VUP_KERNEL");
   MLA_HOST_CHECK(forced == nullptr || forced[0] == '\0', "v_up: the driver refused the TMA kernel's tensor maps");
   absorb::run_v_up_wgmma<kFp8>(p);
 }
 
+template <bool kFp8, int kBM>
+void run_tma_or_fallback(const AbsorbParams& p) {
+  if (!absorb::run_v_up_tma<kFp8, kBM>(p)) tma_refused<kFp8>(p);
+}
+
+// Streamed weights need bf16 weights (TMA); e4m3 weights take the resident-weight TMA kernel.
+template <bool kFp8>
+void run_tma_stream_or_fallback(int bn, const AbsorbParams& p) {
+  if constexpr (kFp8) {
+    run_tma_or_fallback<kFp8, 64>(p);
+  } else {
+    if (bn == 0) bn = auto_stream_bn(p);
+    const bool ran = bn == 32   ? absorb::run_v_up_tma_stream<64, 32>(p)
+                     : bn == 64 ? absorb::run_v_up_tma_stream<64, 64>(p)
+                                : absorb::run_v_up_tma_stream<64, 128>(p);
+    if (!ran) tma_refused<kFp8>(p);
+  }
+}
+
 template <bool kFp8>
 void run_v_up(const AbsorbParams& p) {
   using namespace absorb;
-  switch (pick_v_up_kernel(p)) {
+  const VUpChoice choice = pick_v_up_kernel(p);
+  switch (choice.kernel) {
     case VUpKernel::kKSplit:
       return p.num_tokens <= 16 ? run_v_up_ksplit_bm<kFp8, 16>(p) : run_v_up_ksplit_bm<kFp8, 64>(p);
     case VUpKernel::kWgmma:
@@ -107,6 +155,9 @@ void run_v_up(const AbsorbParams& p) {
       return run_tma_or_fallback<kFp8, 64>(p);
     case VUpKernel::kTiles:
       return run_tiers<AbsorbOp::kVUp, kFp8>(p);
+    case VUpKernel::kTmaStream:
+      return run_tma_stream_or_fallback<kFp8>(choice.stream_bn, p);
+
   }
 }
 

@@ -93,5 +93,10 @@ void run_v_up_wgmma(const AbsorbParams& params);
 // (sm90/v_up_tma.cuh). Returns false, launching nothing, where the driver refuses the tensor maps.
 template <bool kFp8, int kBM>
 bool run_v_up_tma(const AbsorbParams& params);
+// The same with the weights streamed through the stages next to x instead of resident, kBM = 64
+// (one consumer warpgroup; 128 has two) x kBN (32, 64, 128) tiles, one per CTA; bf16 weights
+// only. Returns false as above.
+template <int kBM, int kBN>
+bool run_v_up_tma_stream(const AbsorbParams& params);
 
 }  // namespace mla::absorb

@@ -111,16 +111,17 @@ def bench(timer: Timer, roofline: Roofline, quick: bool = False) -> list[Row]:
 
 
 SWEEP_TOKENS = (1, 16, 32, 64, 128, 256, 512, 1024, 8192)
-V_UP_KERNELS = ("ksplit", "wgmma", "tma128", "tma64", "tiles")
+V_UP_KERNELS = ("ksplit", "wgmma", "tma128", "tma64", "tiles", "tmas:64x32", "tmas:64x64", "tmas:64x128")
 
 
-def sweep_v_up(timer: Timer, roofline: Roofline, kernels: tuple[str, ...] = V_UP_KERNELS) -> list[Row]:
+def sweep_v_up(timer: Timer, roofline: Roofline, kernels: tuple[str, ...] = V_UP_KERNELS,
+               tokens: tuple[int, ...] = SWEEP_TOKENS, heads: tuple[int, ...] = HEADS) -> list[Row]:
     """v_up with each kernel forced (MLA_EXT_VUP_KERNEL), bf16 and fp8 weights, next to torch bmm:
     the measurements behind the automatic choice in csrc/absorb/absorb.cu."""
     rows: list[Row] = []
-    for h in HEADS:
+    for h in heads:
         w = _weights(h, "cuda")
-        for t in SWEEP_TOKENS:
+        for t in tokens:
             x = torch.randn(t, h, L, device="cuda", dtype=torch.bfloat16)
             flops = 2.0 * t * h * P * L
             v_act = t * h * (L + V) * 2
