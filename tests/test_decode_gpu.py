@@ -3,6 +3,10 @@ edge lengths, NaN in every unused slot, pages in random order, CUDA graphs, torc
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from conftest import assert_close
@@ -246,3 +250,32 @@ def test_small_for_sanitizer():
             check(inp, causal=True)
     inp = make_inputs([70], 1, 64, 64, "auto", device="cuda")
     check(inp, causal=True)
+
+
+_ROW_THREADS_CHECK = """
+import torch
+from conftest import assert_close
+from mla_ext.bench.decode import make_inputs, run_op, run_reference
+torch.manual_seed(7)
+for fmt in ("fp8", "fp8_ds_mla"):
+    for block_size, page_pad in ((16, 0), (61, 3), (64, 0)):
+        for h_q in (5, 16):
+            inp = make_inputs([0, 1, 63, 64, 65, 300, 1000], 1, h_q, block_size, fmt, page_pad=page_pad,
+                              arbitrary_scales=fmt == "fp8_ds_mla")
+            out, lse = run_op(inp, True)
+            ref_out, ref_lse = run_reference(inp, True)
+            assert_close(out, ref_out, cos_tol=2e-5, atol=2e-2, rtol=2e-2, name=f"out {fmt} bs{block_size} h{h_q}")
+            assert_close(lse, ref_lse, cos_tol=1e-7, atol=2e-3, rtol=1e-4, name=f"lse {fmt} bs{block_size} h{h_q}")
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("row_threads", ["4", "8"])
+def test_fp8_16_row_loaders(row_threads):
+    """Both tile loaders of the fp8 16-row kernel (4 or 8 threads per cache row; each format uses one
+    by default, MLA_EXT_DECODE_ROW_THREADS forces the other), read once per process: a subprocess."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, MLA_EXT_DECODE_ROW_THREADS=row_threads,
+               PYTHONPATH=os.pathsep.join([os.path.dirname(here), here, os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run([sys.executable, "-c", _ROW_THREADS_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stdout[-2000:] + res.stderr[-4000:]

@@ -42,6 +42,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -54,7 +55,7 @@
 
 namespace mla::decode::portable {
 
-template <CacheFormat kFormat>
+template <CacheFormat kFormat, int kRowThreadsT>
 struct Fp8SplitConfig {
   static_assert(kFormat == CacheFormat::kFp8 || kFormat == CacheFormat::kFp8DsMla);
   static constexpr bool kDsMla = kFormat == CacheFormat::kFp8DsMla;
@@ -70,7 +71,14 @@ struct Fp8SplitConfig {
   // 8 e4m3 steps (dims 128 g ..) and one k_pe step (dims 512 + 16 g ..; bf16 for fp8_ds_mla).
   static constexpr int kF16Steps = 8;
   static constexpr int kQSteps = 9;
-  static constexpr int kLoadThreadsPerRow = kTeamThreads / kBlockN;  // 4
+  // Tile loads: kRowThreads threads copy one cache row (16-byte cp.async each), so a warp's copy
+  // covers 32 / kRowThreads rows; each thread takes kRowsPerThread rows, kRowStep apart.
+  static constexpr int kRowThreads = kRowThreadsT;                               // 4 or 8
+  static constexpr int kRowsPerThread = kRowThreads * kBlockN / kTeamThreads;    // 1 or 2
+  static constexpr int kRowStep = kTeamThreads / kRowThreads;                    // 64 or 32
+  static constexpr int kE4m3Chunks = kDsMla ? kKvLoraRank / 16 : kLatentDim / 16;  // raw 16-byte chunks: 32 or 36
+  static constexpr int kJ = (kE4m3Chunks + kRowThreads - 1) / kRowThreads;       // e4m3 chunks per thread and row
+  static_assert(kRowThreads == 4 || kRowThreads == 8, "the chunk swizzle offsets assume 4 or 8 threads per row");
   // Softmax weights may reach 2^kMaxSlack (see the lazy maximum in the kernel): P' = P scale / R
   // <= 2^(14 + slack) must stay below fp16's 65504 for fp8_ds_mla; fp8's P' = P has room.
   static constexpr float kMaxSlack = kDsMla ? 1.f : 8.f;
@@ -119,9 +127,9 @@ __device__ __forceinline__ float to_float(T v) {
   else return __half2float(v);
 }
 
-template <typename T, CacheFormat kFormat>
+template <typename T, CacheFormat kFormat, int kRowThreads>
 __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_constant__ DecodeParams p) {
-  using C = Fp8SplitConfig<kFormat>;
+  using C = Fp8SplitConfig<kFormat, kRowThreads>;
   using sm80::cp_async16;
   using sm80::mma_16816;
   using sm80::named_barrier;
@@ -164,50 +172,78 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     const int32_t* bt = p.block_table + req * p.stride_block_table_b;
 
 
-    // This thread's cache row of tile t is row r; its page id is read a tile ahead (page_of)
-    // so that issuing the copies never waits for the block table.
-    const int load_row = ttid / C::kLoadThreadsPerRow, sub = ttid % C::kLoadThreadsPerRow;
-    auto page_of = [&](int t) { return t < tile_end ? cache_page(p, bt, t * kBlockN + load_row, kv_len) : -1; };
-    // cp.async of the team's tile t (relative to the request), page `page`, into stage `stage`,
-    // in two halves (issue_row(c, 0), issue_row(c, 1)) so that a warp's copies do not queue up
-    // in one burst: the second half goes out after the tile's QK^T.
-    struct RowCopy {
-      const uint8_t* src;  // this thread's 16-byte column of the cache row
-      uint32_t dst;        // shared address of the row in its stage
-      bool ok;
+    // This thread's cache rows of tile t are load_row + kRowStep rr; their page ids are read a
+    // tile ahead (page_of) so that issuing the copies never waits for the block table.
+    constexpr int kRR = C::kRowsPerThread;
+    const int load_row = ttid / C::kRowThreads, sub = ttid % C::kRowThreads;
+    struct Pages {
+      int id[kRR];
     };
-    constexpr int kJ = C::kDsMla ? kKvLoraRank / 64 : kLatentDim / 64;  // e4m3 chunks: 8 or 9 per thread
-    auto prepare_row = [&](int t, int stage, int page) {
-      const int r = load_row;
-      const uint8_t* row = cache_row_on(p, page, t * kBlockN + r);
-      const bool ok = row != nullptr;
-      uint8_t* st = team_smem + C::kOffStages + stage * C::kStageBytes;
-      if (sub == 0) st[C::kStageKeyBytes + C::kStageScaleBytes + r] = ok;
-      return RowCopy{(ok ? row : static_cast<const uint8_t*>(p.kv_cache)) + 16 * sub,  // any valid address
-                     smem_addr(st) + r * C::kKeyBytes, ok};
-    };
-    // Thread `sub` copies raw chunks 4 j + sub. Chunk c of key r lives at c ^ f(r); with
-    // x = sub ^ f(r) that is 8 (j / 2) + (j odd ? x ^ 4 : x): two offsets, the rest immediates.
-    const int x_swz = sub ^ key_swizzle(load_row);
-    const uint32_t off_even = x_swz << 4, off_odd = (x_swz ^ 4) << 4;
-    auto issue_row = [&](const RowCopy& c, int half) {
+    auto page_of = [&](int t) {
+      Pages pg;
 #pragma unroll
-      for (int j = 0; j < kJ; ++j)
-        if ((j < kJ / 2) == (half == 0))
-          cp_async16(c.dst + (j % 2 ? off_odd : off_even) + 128 * (j / 2), c.src + 64 * j, c.ok);
-      if (C::kDsMla && half == 1) {
-        // k_pe: raw chunks 33 + sub, 37 + sub -> chunks 32 + sub, 36 + sub; the scales (raw chunk 32)
-        // go to their own array after the stage's keys (thread sub 0, whose c.src is the row).
-        cp_async16(c.dst + off_even + 128 * 4, c.src + kDsMlaRopeOffset, c.ok);
-        cp_async16(c.dst + off_odd + 128 * 4, c.src + kDsMlaRopeOffset + 64, c.ok);
-        if (sub == 0)
-          cp_async16(c.dst - load_row * C::kKeyBytes + C::kStageKeyBytes + 16 * load_row, c.src + kDsMlaScaleOffset, c.ok);
+      for (int rr = 0; rr < kRR; ++rr)
+        pg.id[rr] = t < tile_end ? cache_page(p, bt, t * kBlockN + load_row + C::kRowStep * rr, kv_len) : -1;
+      return pg;
+    };
+    // cp.async of the team's tile t (relative to the request), pages `pg`, into stage `stage`, in
+    // two halves (issue_rows(c, 0), issue_rows(c, 1)) so that a warp's copies do not queue up in
+    // one burst: the second half goes out after the tile's QK^T.
+    struct RowCopy {
+      const uint8_t* src[kRR];  // this thread's 16-byte column of each of its cache rows
+      uint32_t dst;             // shared address of its first row in the stage
+      bool ok[kRR];
+    };
+    auto prepare_rows = [&](int t, int stage, const Pages& pg) {
+      RowCopy c;
+      uint8_t* st = team_smem + C::kOffStages + stage * C::kStageBytes;
+#pragma unroll
+      for (int rr = 0; rr < kRR; ++rr) {
+        const int r = load_row + C::kRowStep * rr;
+        const uint8_t* row = cache_row_on(p, pg.id[rr], t * kBlockN + r);
+        c.ok[rr] = row != nullptr;
+        c.src[rr] = (c.ok[rr] ? row : static_cast<const uint8_t*>(p.kv_cache)) + 16 * sub;  // any valid address
+        if (sub == 0) st[C::kStageKeyBytes + C::kStageScaleBytes + r] = c.ok[rr];
+      }
+      c.dst = smem_addr(st) + load_row * C::kKeyBytes;
+      return c;
+    };
+    // Thread `sub` copies raw chunks sub + kRowThreads j. Chunk c of key r lives at c ^ f(r)
+    // = 8 (c / 8) + ((c % 8) ^ f(r)), and c % 8 is sub or (4 threads, odd j) sub + 4: two
+    // offsets, the rest immediates. f(r) is the same for all of a thread's rows (kRowStep % 8 == 0).
+    const int f_row = key_swizzle(load_row);
+    const uint32_t off_lo = (sub ^ f_row) << 4, off_hi = ((sub + 4) ^ f_row) << 4;
+    auto chunk_off = [&](int c_minus_sub) {  // destination offset of raw chunk sub + c_minus_sub
+      return uint32_t(128 * (c_minus_sub / 8)) + (c_minus_sub % 8 == 0 ? off_lo : off_hi);
+    };
+    auto issue_rows = [&](const RowCopy& c, int half) {
+#pragma unroll
+      for (int rr = 0; rr < kRR; ++rr) {
+        const uint32_t dst = c.dst + rr * C::kRowStep * C::kKeyBytes;
+#pragma unroll
+        for (int j = 0; j < C::kJ; ++j) {
+          if ((j < C::kJ / 2) != (half == 0)) continue;
+          const int cj = C::kRowThreads * j;  // raw chunk sub + cj (8 threads: sub < 8, so c / 8 = j)
+          if (C::kRowThreads * (j + 1) > C::kE4m3Chunks && sub + cj >= C::kE4m3Chunks) continue;  // fp8, 8 threads: 36 chunks
+          cp_async16(dst + chunk_off(cj), c.src[rr] + 16 * cj, c.ok[rr]);
+        }
+        if (C::kDsMla && half == 1) {
+          // k_pe: raw chunks 33 + sub (+ 4 with 4 threads) -> chunks 32 + sub (+ 4); the scales (raw
+          // chunk 32) go to their own array after the stage's keys (thread sub 0, whose src is the row).
+#pragma unroll
+          for (int q = 0; q < 8 / C::kRowThreads; ++q)
+            cp_async16(dst + 128 * 4 + chunk_off(C::kRowThreads * q), c.src[rr] + kDsMlaRopeOffset + 16 * C::kRowThreads * q, c.ok[rr]);
+          if (sub == 0) {
+            const int r = load_row + C::kRowStep * rr;
+            cp_async16(dst - r * C::kKeyBytes + C::kStageKeyBytes + 16 * r, c.src[rr] + kDsMlaScaleOffset, c.ok[rr]);
+          }
+        }
       }
     };
-    auto load_tile = [&](int t, int stage, int page) {
-      const RowCopy c = prepare_row(t, stage, page);
-      issue_row(c, 0);
-      issue_row(c, 1);
+    auto load_tile = [&](int t, int stage, const Pages& pg) {
+      const RowCopy c = prepare_rows(t, stage, pg);
+      issue_rows(c, 0);
+      issue_rows(c, 1);
     };
 
     float o[2][4][4];  // [set S][n-tile j][C fragment c]: dims 64 warp + 16 qd + 8 (c % 2) + 4 S + j
@@ -291,7 +327,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     }
 
     // ---- the team's tiles: i = team, team + 2, ...; local index li = i / 2, stage li % 2.
-    int next_page = page_of(tile_begin + team + C::kTeams);
+    Pages next_page = page_of(tile_begin + team + C::kTeams);
     for (int i = team; i < num_tiles; i += C::kTeams) {
       const int li = i / C::kTeams, stage = li % C::kStages;
       sm80::cp_async_wait<0>();
@@ -299,8 +335,8 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       const bool load_next = i + C::kTeams < num_tiles;
       RowCopy next_copy{};
       if (load_next) {
-        next_copy = prepare_row(tile_begin + i + C::kTeams, (li + 1) % C::kStages, next_page);
-        issue_row(next_copy, 0);
+        next_copy = prepare_rows(tile_begin + i + C::kTeams, (li + 1) % C::kStages, next_page);
+        issue_rows(next_copy, 0);
         next_page = page_of(tile_begin + i + 2 * C::kTeams);
       }
       const uint32_t kbase = stage_base + stage * C::kStageBytes;
@@ -371,7 +407,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
           }
         }
       }
-      if (load_next) issue_row(next_copy, 1);
+      if (load_next) issue_rows(next_copy, 1);
       sm80::cp_async_commit();
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
@@ -582,10 +618,29 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
   }
 }
 
+// Threads per cache row in the tile loads, measured on the H200 (memory-bound b128 x 4096, same
+// run): fp8_ds_mla 150.7 us with 4, 145.5 us with 8 (656-byte rows: 128 contiguous bytes per row
+// and warp instruction); fp8 107.6 us with 4, 112.7 us with 8 (more registers, 36 chunks do not
+// split evenly over 8 threads). MLA_EXT_DECODE_ROW_THREADS=4 or 8 forces one (comparisons, tests).
+template <CacheFormat kFormat>
+int decode_row_threads() {
+  static const int forced = [] {
+    const char* v = std::getenv("MLA_EXT_DECODE_ROW_THREADS");
+    return v == nullptr ? 0 : std::atoi(v);
+  }();
+  if (forced == 4 || forced == 8) return forced;
+  return kFormat == CacheFormat::kFp8DsMla ? 8 : 4;
+}
+
 template <typename T, CacheFormat kFormat>
 void launch_decode_split_fp8(const DecodeParams& p) {
-  using C = Fp8SplitConfig<kFormat>;
-  launch_split_kernel(&decode_split_fp8_kernel<T, kFormat>, C::kThreads, C::kSmemBytes, "portable fp8 decode kernel", p);
+  if (decode_row_threads<kFormat>() == 4) {
+    using C = Fp8SplitConfig<kFormat, 4>;
+    launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 4>, C::kThreads, C::kSmemBytes, "portable fp8 decode kernel", p);
+  } else {
+    using C = Fp8SplitConfig<kFormat, 8>;
+    launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8>, C::kThreads, C::kSmemBytes, "portable fp8 decode kernel", p);
+  }
 }
 
 }  // namespace mla::decode::portable
