@@ -11,9 +11,12 @@
 //           t = its four 128-wide tiles, k_pe is bf16 (bf16 MMA with q'_pe). fp8: one tensor
 //           scale, folded into the softmax scale, and k_pe is e4m3 like the rest.
 //   values  O[r, tile t] = R_t * sum_k (P[r, k] * scale[k, t] / R_t) * v8[k] with P' = P
-//           scale / R_t in fp16 (|P'| <= 2^14): R_t follows the max |scale| of the 64-key tiles
+//           scale / R_t in fp16 (|P'| <= 2^14 P): R_t follows the max |scale| of the 64-key tiles
 //           (e4m3::update_scale_ref); O is rescaled when it changes, as the online softmax does
 //           when the max grows.
+//   softmax lazy running maximum (moves only by more than kMaxSlack, so P <= 2^kMaxSlack and
+//           most tiles skip the O rescale), P computed speculatively with it; the team redoes P
+//           only when a warp flags a key above the slack: three barriers per tile.
 // Two teams of 8 warps take alternate 64-key tiles of each piece and merge at its end: 16 warps
 // per SM hide each other's barriers and MMA latencies the way two CTAs per SM would, without a
 // second CTA's copy of the schedule.
