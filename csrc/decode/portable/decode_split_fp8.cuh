@@ -174,7 +174,6 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     const int num_tiles = max(tile_end - tile_begin, 0);
     const int32_t* bt = p.block_table + req * p.stride_block_table_b;
 
-
     // This thread's cache rows of tile t are load_row + kRowStep rr; their page ids are read a
     // tile ahead (page_of) so that issuing the copies never waits for the block table.
     constexpr int kRR = C::kRowsPerThread;
