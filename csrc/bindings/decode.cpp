@@ -96,7 +96,8 @@ void decode_into(const Tensor& q, const Tensor& kv_cache, const Tensor& block_ta
   MLA_ARG_CHECK(aligned16(kv_cache.data_ptr()) && stride_block_bytes % 16 == 0 && stride_token_bytes % 16 == 0, kOp,
                 "kv_cache must be 16-byte aligned with page and row strides that are multiples of 16 bytes, got strides "
                     << kv_cache.stride(0) << ", " << kv_cache.stride(1) << " elements");
-  MLA_ARG_CHECK(kv_cache.size(0) < (int64_t(1) << 31) && kv_cache.size(1) >= 1, kOp, "kv_cache has a bad shape " << shape_str(kv_cache));
+  MLA_ARG_CHECK(kv_cache.size(0) < (int64_t(1) << 31) && kv_cache.size(1) >= 1 && kv_cache.size(1) < (int64_t(1) << 31), kOp,
+                "kv_cache has a bad shape " << shape_str(kv_cache));
 
   MLA_ARG_CHECK(block_table.scalar_type() == ScalarType::Int && block_table.dim() == 2 && block_table.size(0) == b &&
                     block_table.stride(1) == 1 && block_table.size(1) >= 1,

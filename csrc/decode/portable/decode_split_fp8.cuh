@@ -462,7 +462,9 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       for (int h = 0; h < 2; ++h) {
         const float base = m[h] == -INFINITY ? 0.f : m[h];
         pk[2 * h] = sm80::fast_exp2(sc[2 * h] - base), pk[2 * h + 1] = sm80::fast_exp2(sc[2 * h + 1] - base);
-        exceed |= fmaxf(sc[2 * h], sc[2 * h + 1]) > m[h] + C::kMaxSlack;
+        // (sc - m, not sc > m + slack: the difference is what P = 2^(sc - m) sees, so P <= 2^slack
+        // holds exactly even where m + slack rounds; m = -inf gives +inf: exceed.)
+        exceed |= fmaxf(sc[2 * h], sc[2 * h + 1]) - m[h] > C::kMaxSlack;
         write_p(h, pk[2 * h], pk[2 * h + 1]);
       }
       const bool warp_exceeds = __any_sync(0xffffffffu, exceed);
@@ -478,7 +480,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
           const float4 mx0 = *reinterpret_cast<const float4*>(red + r * C::kTeamWarps);
           const float4 mx1 = *reinterpret_cast<const float4*>(red + r * C::kTeamWarps + 4);
           const float tile_max = fmaxf(fmaxf(fmaxf(mx0.x, mx0.y), fmaxf(mx0.z, mx0.w)), fmaxf(fmaxf(mx1.x, mx1.y), fmaxf(mx1.z, mx1.w)));
-          const float m_new = tile_max > m[h] + C::kMaxSlack ? tile_max : m[h];
+          const float m_new = tile_max - m[h] > C::kMaxSlack ? tile_max : m[h];
           const float base = m_new == -INFINITY ? 0.f : m_new;
           const float alpha = m_new == m[h] ? 1.f : sm80::fast_exp2(m[h] - base);  // exactly 1: skips the rescale
           pk[2 * h] = sm80::fast_exp2(sc[2 * h] - base), pk[2 * h + 1] = sm80::fast_exp2(sc[2 * h + 1] - base);
