@@ -231,6 +231,17 @@ def test_small_fp8_16_head_paths(path, h_q, splits, monkeypatch):
     _check(q, cache, idx, "fp8_ds_mla", tl, torch.randn(h_q, device="cuda"))
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("h_q", [16, 64])
+def test_small_row_threads_4(fmt, h_q, monkeypatch):
+    """The gather with 4 threads per row (MLA_EXT_SPARSE_ROW_THREADS=4, kept for comparisons; the
+    default is 8) against the reference, with every kind of invalid entry and padded pages."""
+    monkeypatch.setenv("MLA_EXT_SPARSE_ROW_THREADS", "4")
+    q, cache, idx, _ = _case(2, 2, h_q, 333, 61, fmt, pad_pages=True)
+    tl = torch.tensor([333, 140], dtype=torch.int32, device="cuda")
+    _check(q, cache, idx, fmt, tl, torch.randn(h_q, device="cuda"))
+
+
 # ---- review fixes: padding tokens, int32 limits, empty caches, alignment, checked mode ----------
 
 
