@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_kernel(const __grid
   constexpr int BM = Cfg::BM, N = Cfg::N, BK = Cfg::BK, kChunks = Cfg::kChunks, kStages = Cfg::kStages;
   const AbsorbParams& p = args.p;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
+  uint8_t* smem = align_to_swizzle_atom(smem_raw);
   const uint32_t smem_w = smem_addr(smem);          // 8 x [128 n][8 chunks], swizzled
   const uint32_t smem_a = smem_w + Cfg::kAOffset;   // kStages x [BM rows][8 chunks], swizzled
   const uint32_t full_bar = smem_w + Cfg::kBarOffset, empty_bar = full_bar + kStages * 8;
@@ -317,7 +317,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_stream_kernel(const
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, kChunks = Cfg::kChunks, kStages = Cfg::kStages;
   const AbsorbParams& p = args.p;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
+  uint8_t* smem = align_to_swizzle_atom(smem_raw);
   const uint32_t smem_s = smem_addr(smem);  // kStages x ([BN n][8 chunks] weight, [BM][8 chunks] x)
   const uint32_t full_bar = smem_s + Cfg::kBarOffset, empty_bar = full_bar + kStages * 8;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;

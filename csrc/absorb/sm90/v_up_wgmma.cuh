@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_wgmma_kernel(const __gr
   using namespace sm90;
   constexpr int BM = Cfg::BM, BK = Cfg::BK, kChunks = Cfg::kChunks, kStages = Cfg::kStages;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
+  uint8_t* smem = align_to_swizzle_atom(smem_raw);
   const uint32_t smem_w = smem_addr(smem);                // 8 x [128 n][8 chunks], swizzled
   const uint32_t smem_a = smem_w + Cfg::kAOffset;         // kStages x [128 rows][8 chunks]
   uint8_t* smem_c = smem + Cfg::kCOffset;                 // [128 rows][16 chunks]

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "common/sm80.cuh"
+
 // True in the device pass for sm_90a, where wgmma exists.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MLA_SM90A 1
@@ -24,6 +26,12 @@ namespace mla::sm90 {
 __device__ __forceinline__ uint64_t kmajor_sw128_desc(uint32_t smem_byte_addr) {
   return static_cast<uint64_t>((smem_byte_addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
          (uint64_t(1) << 62);
+}
+
+// The dynamic shared memory base rounded up to 1024 bytes, the alignment of the 128-byte swizzle
+// atoms that TMA writes and wgmma descriptors address (kernels reserve 1 KiB extra for it).
+__device__ __forceinline__ uint8_t* align_to_swizzle_atom(uint8_t* smem_raw) {
+  return smem_raw + ((1024 - sm80::smem_addr(smem_raw) % 1024) % 1024);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

@@ -47,12 +47,12 @@
 
 #include <cstdlib>
 #include <string>
-#include <type_traits>
 
 #include "common/arch.h"
 #include "common/cuda_check.h"
 #include "common/e4m3.cuh"
 #include "common/sm80.cuh"
+#include "common/vec.cuh"
 #include "decode/decode.h"
 #include "decode/portable/split_common.cuh"
 
@@ -123,12 +123,6 @@ struct Fp8SplitConfig {
 };
 
 __device__ __forceinline__ int key_swizzle(int key) { return ((key & 1) << 2) | (key & 2) | ((key >> 2) & 1); }
-
-template <typename T>
-__device__ __forceinline__ float to_float(T v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(v);
-  else return __half2float(v);
-}
 
 template <typename T, CacheFormat kFormat, int kRowThreads>
 __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_constant__ DecodeParams p) {
