@@ -43,16 +43,20 @@ __device__ __forceinline__ void load_pv_a(const __half* p, int ks, int lane, uin
 
 // Scales out of the PV operands: P' = P scale / R in fp16 for one scale tile, here for a 64-key
 // tile (scales a, b: keys lane and lane + 32). R follows the scales both ways: it is reset to the
-// tile's max |scale| when a key exceeds R 2^14 or every key is below R / 16, so |P'| <= 2^14 and a
-// key within 2^10 of its own tile's largest scale keeps P' in fp16's normal range (an outlier
-// costs precision in its own tile only). Shrinking is capped at 2^-60 per step so that O, kept in
-// units of R, cannot overflow. Usually one warp vote; when R changes, rescale = R_old / R_new for
-// O (1 while R was 0) and inv = 1 / R_new. ref and inv persist across tiles (0 until a nonzero
-// scale is seen); rescale is 1 unless R changed. Warp-uniform.
+// tile's max |scale| when a key exceeds R 2^kFitLog2 or every key is below R / 16, so
+// |P'| <= 2^kFitLog2 P (the caller picks kFitLog2 so that its largest P times that stays below
+// fp16's 65504) and a key within 2^10 of its own tile's largest scale keeps P' in fp16's normal
+// range (an outlier costs precision in its own tile only). Shrinking is capped at 2^-60 per step
+// so that O, kept in units of R, cannot overflow. Usually one warp vote; when R changes, rescale =
+// R_old / R_new for O (1 while R was 0) and inv = 1 / R_new. ref and inv persist across tiles (0
+// until a nonzero scale is seen); rescale is 1 unless R changed. Warp-uniform.
+template <int kFitLog2 = 14>
 __device__ __forceinline__ void update_scale_ref(float a, float b, float& ref, float& rescale, float& inv) {
+  static_assert(kFitLog2 >= 4 && kFitLog2 <= 14, "R must stay above the tile's scales / 16 and P' within fp16");
   rescale = 1.f;
   const float fa = fabsf(a), fb = fabsf(b);
-  const bool fits = fa <= ref * 16384.f && fb <= ref * 16384.f;
+  const float fit = ref * static_cast<float>(1 << kFitLog2);
+  const bool fits = fa <= fit && fb <= fit;
   const bool near = fa >= ref * 0.0625f || fb >= ref * 0.0625f;
   if (__all_sync(0xffffffffu, fits) && __any_sync(0xffffffffu, near)) return;
   float tmax = fmaxf(fa, fb);

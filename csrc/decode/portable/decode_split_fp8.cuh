@@ -11,7 +11,7 @@
 //           t = its four 128-wide tiles, k_pe is bf16 (bf16 MMA with q'_pe). fp8: one tensor
 //           scale, folded into the softmax scale, and k_pe is e4m3 like the rest.
 //   values  O[r, tile t] = R_t * sum_k (P[r, k] * scale[k, t] / R_t) * v8[k] with P' = P
-//           scale / R_t in fp16 (|P'| <= 2^14 P): R_t follows the max |scale| of the 64-key tiles
+//           scale / R_t in fp16 (|P'| <= 2^11 P): R_t follows the max |scale| of the 64-key tiles
 //           (e4m3::update_scale_ref); O is rescaled when it changes, as the online softmax does
 //           when the max grows.
 //   softmax lazy running maximum (moves only by more than kMaxSlack, so P <= 2^kMaxSlack and
@@ -82,9 +82,15 @@ struct Fp8SplitConfig {
   static constexpr int kE4m3Chunks = kDsMla ? kKvLoraRank / 16 : kLatentDim / 16;  // raw 16-byte chunks: 32 or 36
   static constexpr int kJ = (kE4m3Chunks + kRowThreads - 1) / kRowThreads;       // e4m3 chunks per thread and row
   static_assert(kRowThreads == 4 || kRowThreads == 8, "the chunk swizzle offsets assume 4 or 8 threads per row");
-  // Softmax weights may reach 2^kMaxSlack (see the lazy maximum in the kernel): P' = P scale / R
-  // <= 2^(14 + slack) must stay below fp16's 65504 for fp8_ds_mla; fp8's P' = P has room.
-  static constexpr float kMaxSlack = kDsMla ? 1.f : 8.f;
+  // Softmax weights may reach 2^kMaxSlack (see the lazy maximum in the kernel), and fp8_ds_mla's
+  // P' = P scale / R up to 2^(kMaxSlack + kScaleFitLog2) (e4m3::update_scale_ref): 2^15 < fp16's
+  // 65504. A small slack makes the maximum move (and the team redo P and rescale O) on many
+  // tiles: with slack 1, any of 16 rows' tile maxima passing it hit 44% of the tiles of the
+  // memory-bound benchmark; R, with 2^11 of room above it, moves only for scale outliers. fp8's
+  // P' = P has room for more.
+  static constexpr int kScaleFitLog2 = 11;
+  static constexpr float kMaxSlack = kDsMla ? 4.f : 8.f;
+  static_assert(!kDsMla || kScaleFitLog2 + 4 <= 15, "P' must stay below fp16's largest value");
 
   // Shared memory (bytes). The Q tile is only read while building the fragments at the start of
   // a piece, so it shares its space with team 0's split-K reduction buffer.
@@ -158,6 +164,9 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
   const int rows_here = min(C::kRows, p.num_rows - row0);
   const float tensor_scale = C::kDsMla ? 1.f : *p.scale;  // fp8: scores and output, exactly
   const int64_t max_kv = int64_t(p.max_blocks) * p.block_size;
+  // (Only worth it with two rows per thread: with one, the general path costs the same and the
+  // second path cost fp8 registers, spills.)
+  const bool tile_in_one_page = C::kRowsPerThread > 1 && p.block_size % kBlockN == 0;
 
   for (int req = begin_req; req <= end_req; ++req) {
     const int seq_len = max(p.seq_lens[req], 0);
@@ -169,17 +178,24 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     const int32_t* bt = p.block_table + req * p.stride_block_table_b;
 
     // This thread's cache rows of tile t are load_row + kRowStep rr; their page ids are read a
-    // tile ahead (page_of) so that issuing the copies never waits for the block table.
+    // tile ahead (page_of) so that issuing the copies never waits for the block table. When pages
+    // hold whole tiles (block_size a multiple of 64), a tile is one page: one block-table entry
+    // (the same address for every thread) and one division per tile instead of one per row, and
+    // the rows' addresses differ by a constant. Otherwise each row finds its own page.
     constexpr int kRR = C::kRowsPerThread;
     const int load_row = ttid / C::kRowThreads, sub = ttid % C::kRowThreads;
     struct Pages {
-      int id[kRR];
+      int id[kRR];  // one page per row; whole-tile pages: id[0] is the tile's page
     };
     auto page_of = [&](int t) {
       Pages pg;
+      if (tile_in_one_page) {
+        pg.id[0] = t < tile_end ? cache_page(p, bt, t * kBlockN, kv_len) : -1;
+      } else {
 #pragma unroll
-      for (int rr = 0; rr < kRR; ++rr)
-        pg.id[rr] = t < tile_end ? cache_page(p, bt, t * kBlockN + load_row + C::kRowStep * rr, kv_len) : -1;
+        for (int rr = 0; rr < kRR; ++rr)
+          pg.id[rr] = t < tile_end ? cache_page(p, bt, t * kBlockN + load_row + C::kRowStep * rr, kv_len) : -1;
+      }
       return pg;
     };
     // cp.async of the team's tile t (relative to the request), pages `pg`, into stage `stage`, in
@@ -193,13 +209,29 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     auto prepare_rows = [&](int t, int stage, const Pages& pg) {
       RowCopy c;
       uint8_t* st = team_smem + C::kOffStages + stage * C::kStageBytes;
+      const auto* const cache = static_cast<const uint8_t*>(p.kv_cache);
+      if (tile_in_one_page) {
+        const int k0 = t * kBlockN, page = pg.id[0];
+        const bool page_ok = page >= 0 && page < p.num_blocks;
+        const uint8_t* row0 = cache + int64_t(page) * p.stride_cache_block_bytes +
+                              int64_t(p.block_div.mod(k0, p.block_div.div(k0)) + load_row) * p.stride_cache_token_bytes;
 #pragma unroll
-      for (int rr = 0; rr < kRR; ++rr) {
-        const int r = load_row + C::kRowStep * rr;
-        const uint8_t* row = cache_row_on(p, pg.id[rr], t * kBlockN + r);
-        c.ok[rr] = row != nullptr;
-        c.src[rr] = (c.ok[rr] ? row : static_cast<const uint8_t*>(p.kv_cache)) + 16 * sub;  // any valid address
-        if (sub == 0) st[C::kStageKeyBytes + C::kStageScaleBytes + r] = c.ok[rr];
+        for (int rr = 0; rr < kRR; ++rr) {
+          const int r = load_row + C::kRowStep * rr;
+          c.ok[rr] = page_ok && k0 + r < kv_len;
+          c.src[rr] = (c.ok[rr] ? row0 + rr * C::kRowStep * p.stride_cache_token_bytes : cache) + 16 * sub;  // any valid address
+        }
+      } else {
+#pragma unroll
+        for (int rr = 0; rr < kRR; ++rr) {
+          const uint8_t* row = cache_row_on(p, pg.id[rr], t * kBlockN + load_row + C::kRowStep * rr);
+          c.ok[rr] = row != nullptr;
+          c.src[rr] = (c.ok[rr] ? row : cache) + 16 * sub;  // any valid address
+        }
+      }
+      if (sub == 0) {
+#pragma unroll
+        for (int rr = 0; rr < kRR; ++rr) st[C::kStageKeyBytes + C::kStageScaleBytes + load_row + C::kRowStep * rr] = c.ok[rr];
       }
       c.dst = smem_addr(st) + load_row * C::kKeyBytes;
       return c;
@@ -340,10 +372,6 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       const float* scales = reinterpret_cast<const float*>(st + C::kStageKeyBytes);
       const uint8_t* flags = st + C::kStageKeyBytes + C::kStageScaleBytes;
 
-      // V reference R of this warp's tile (P' = P scale / R in fp16): see e4m3::update_scale_ref.
-      float v_rescale = 1.f;
-      if constexpr (C::kDsMla) e4m3::update_scale_ref(scales[4 * lane + vt], scales[4 * (lane + 32) + vt], v_ref, v_rescale, v_inv);
-
       // ---- S partial = q'_g . k_g for keys 32 kh .. + 31 (four n-tiles).
       float part[4][4];
 #pragma unroll
@@ -405,6 +433,10 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       }
       if (load_next) issue_rows(next_copy, 1);
       sm80::cp_async_commit();
+      // V reference R of this warp's tile (P' = P scale / R in fp16): see e4m3::update_scale_ref.
+      // (Here rather than before QK^T: the scale loads right after the barrier stalled the warp.)
+      float v_rescale = 1.f;
+      if constexpr (C::kDsMla) e4m3::update_scale_ref<C::kScaleFitLog2>(scales[4 * lane + vt], scales[4 * (lane + 32) + vt], v_ref, v_rescale, v_inv);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const int key = 32 * kh + 8 * nt + 2 * qd;
