@@ -262,12 +262,24 @@ for fmt in ("fp8", "fp8_ds_mla"):
         for h_q in (5, 16):
             inp = make_inputs([0, 1, 63, 64, 65, 300, 1000], 1, h_q, block_size, fmt, page_pad=page_pad,
                               arbitrary_scales=fmt == "fp8_ds_mla")
-            out, lse = run_op(inp, True)
             ref_out, ref_lse = run_reference(inp, True)
-            assert_close(out, ref_out, cos_tol=2e-5, atol=2e-2, rtol=2e-2, name=f"out {fmt} bs{block_size} h{h_q}")
-            assert_close(lse, ref_lse, cos_tol=1e-7, atol=2e-3, rtol=1e-4, name=f"lse {fmt} bs{block_size} h{h_q}")
+            for portable in (False, True):  # on sm90: the wgmma QK^T kernel, then the mma.sync one
+                out, lse = run_op(inp, True, force_portable=portable)
+                name = f"{fmt} bs{block_size} h{h_q} portable={portable}"
+                assert_close(out, ref_out, cos_tol=2e-5, atol=2e-2, rtol=2e-2, name="out " + name)
+                assert_close(lse, ref_lse, cos_tol=1e-7, atol=2e-3, rtol=1e-4, name="lse " + name)
 print("ok")
 """
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla"])
+@pytest.mark.parametrize("h_q", [1, 16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_16_rows_portable_kernel(fmt, h_q, dtype):
+    """The mma.sync fp8 kernel that sm100 runs; on an H200 the default is the one with QK^T on wgmma."""
+    inp = make_inputs([0, 1, 63, 64, 65, 300, 1000, 4097], 1, h_q, 64, fmt, dtype=dtype,
+                      arbitrary_scales=fmt == "fp8_ds_mla", device="cuda")
+    check(inp, causal=True, force_portable=True)
 
 
 @pytest.mark.parametrize("row_threads", ["4", "8"])

@@ -27,9 +27,11 @@ __device__ __forceinline__ void regroup_pv_b(const uint32_t (&w)[4], uint32_t (&
   x4_to_f16x2x2(__byte_perm(w[2], w[3], 0x7362), b1[2], b1[3]);
 }
 
-// PV A fragment of k-step ks from a 16-row fp16 P tile whose key k sits at
-// 8 (k / 8) + 2 (k % 4) + (k % 8) / 4 of a row of kStride halves: keys (16 ks + qd, + 4) and
-// (+ 8, + 12) of rows grp and grp + 8, each pair one 32-bit word.
+// PV A fragment of k-step ks from a 16-row fp16 P tile stored so that the keys of k indices
+// (2 qd, 2 qd + 1) are the 32-bit word at 16 ks + 2 qd of a row of kStride halves, and those of
+// (2 qd + 8, 2 qd + 9) the word at + 8: rows grp and grp + 8. (The sparse 16-head kernel and the
+// fp8 decode kernel's mma.sync path put key k at 8 (k / 8) + 2 (k % 4) + (k % 8) / 4, pairs
+// (k, k + 4); the decode kernel's sm90 path keeps the natural order.)
 template <int kStride>
 __device__ __forceinline__ void load_pv_a(const __half* p, int ks, int lane, uint32_t (&pa)[4]) {
   const int grp = lane / 4, qd = lane % 4;
@@ -91,6 +93,27 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
   return v;
+}
+
+// fp32 pair -> e4m3x2 (x0 in the low byte), round to nearest, saturating at +-448 (NaN stays NaN).
+__device__ __forceinline__ uint16_t f32x2_to_e4m3x2(float x0, float x1) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(x1), "f"(x0));
+  return r;
+}
+
+// x = hi + lo in two e4m3 terms per value (hi = e4m3(x), lo = e4m3(x - hi)), packed as e4m3x2
+// pairs: two e4m3 products with the terms equal one with x, which is how a bf16 q meets e4m3
+// cache bytes in an fp8 MMA without converting the cache. Exact for values of at most 8
+// significant bits (bf16) and magnitude >= 2^-2 (then lo is a multiple of e4m3's smallest step
+// 2^-9); smaller ones are off by at most 2^-10, values of more bits (fp16) by at most 2^-9 of
+// themselves. The caller keeps |x| below 448.
+__device__ __forceinline__ void split_e4m3x2(float x0, float x1, uint16_t& hi, uint16_t& lo) {
+  hi = f32x2_to_e4m3x2(x0, x1);
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"(hi));
+  const float2 hf = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  lo = f32x2_to_e4m3x2(x0 - hf.x, x1 - hf.y);
 }
 
 // 2^e for |e| <= 126, exactly.

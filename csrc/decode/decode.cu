@@ -27,10 +27,9 @@ int num_parts_for(int num_sms, int s_q, int h_q, CacheFormat format) {
 void run_decode(const DecodeParams& p, int device, bool force_portable) {
   const DeviceInfo& info = device_info(device);
   MLA_HOST_CHECK(info.sm_version >= 80, "decode needs sm80 or newer");
-  // Only the portable path exists so far: an sm90 (wgmma/TMA) kernel will be chosen here when
-  // info.sm_version == 90 && !force_portable. Until then both choices run the portable kernel.
-  (void)force_portable;
-  run_decode_split_portable(p);
+  // On sm90 (unless forced portable) the fp8 caches' memory-bound kernel runs QK^T on wgmma, the
+  // only fp8 tensor math Hopper has; everything else, and sm100, runs the portable kernels.
+  run_decode_split_portable(p, info.sm_version == 90 && !force_portable);
 
   // Merge the pieces of split requests (the planner lists them in the kSplitReq column).
   static_assert(kSplitInfoFields == 2, "combine reads split_info as (num_splits, first slot) pairs");

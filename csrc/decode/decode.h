@@ -96,6 +96,7 @@ struct DecodeParams {
 void run_decode(const DecodeParams& params, int device, bool force_portable);
 
 // The split kernel, for the dispatcher above.
-void run_decode_split_portable(const DecodeParams& params);
+// sm90: the fp8 caches' 16-row kernel runs QK^T on wgmma (sm90a code); otherwise all mma.sync.
+void run_decode_split_portable(const DecodeParams& params, bool sm90);
 
 }  // namespace mla::decode

@@ -47,6 +47,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "common/arch.h"
 #include "common/cuda_check.h"
@@ -55,13 +56,17 @@
 #include "common/vec.cuh"
 #include "decode/decode.h"
 #include "decode/portable/split_common.cuh"
+#include "decode/sm90/qk_wgmma.cuh"
 
 namespace mla::decode::portable {
 
-template <CacheFormat kFormat, int kRowThreadsT>
+inline constexpr int align1024(int bytes) { return (bytes + 1023) / 1024 * 1024; }
+
+template <typename T, CacheFormat kFormat, int kRowThreadsT, bool kQkWgmmaT>
 struct Fp8SplitConfig {
   static_assert(kFormat == CacheFormat::kFp8 || kFormat == CacheFormat::kFp8DsMla);
   static constexpr bool kDsMla = kFormat == CacheFormat::kFp8DsMla;
+  static constexpr bool kQkWgmma = kQkWgmmaT;  // sm90a: S^T = K q^T on wgmma (see the file comment)
   static constexpr int kRows = 16;
   static constexpr int kTeams = 2;
   static constexpr int kTeamWarps = 8;
@@ -69,11 +74,21 @@ struct Fp8SplitConfig {
   static constexpr int kThreads = kTeams * kTeamThreads;
   static constexpr int kStages = 2;                          // per team: one computing, one loading
   static constexpr int kKeyChunks = 40;                      // per key in shared memory
-  static constexpr int kKeyBytes = 16 * kKeyChunks;          // 640: a multiple of 128 B
-  // QK^T: warp (g = w % 4, kh = w / 4) takes k-steps of dim group g for keys 32 kh .. 32 kh + 31:
-  // 8 e4m3 steps (dims 128 g ..) and one k_pe step (dims 512 + 16 g ..; bf16 for fp8_ds_mla).
+  static constexpr int kKeyBytes = 16 * kKeyChunks;          // 640
+  // Cache rows in a stage: chunk c of key k at key_chunk_offset(k, c) (see there): rows of 640
+  // bytes (mma.sync path) or five [64 keys][128 B] blocks (wgmma path).
+  static constexpr int kKeyStride = kQkWgmma ? 128 : kKeyBytes;    // bytes between keys
+  static constexpr int kBlockStride = kQkWgmma ? kBlockN * 128 : 128;  // between chunks c and c + 8
+  // mma.sync QK^T: warp (g = w % 4, kh = w / 4) takes k-steps of dim group g for keys 32 kh ..
+  // 32 kh + 31: 8 e4m3 steps (dims 128 g ..) and one k_pe step (dims 512 + 16 g ..; bf16 for
+  // fp8_ds_mla). wgmma QK^T: warpgroup wg of the team takes dim blocks 2 wg, 2 wg + 1 and half of
+  // the rope dims for all 64 keys. The partial scores of the kScoreGroups meet in red_s.
+  // fp8_ds_mla's k_pe is bf16: an fp16 q_pe meets it as two bf16 terms (hi, lo) in two MMAs
+  // (k-steps 8 and 9); a bf16 q_pe is one.
+  static constexpr bool kPeLoTerm = kDsMla && std::is_same_v<T, __half>;
   static constexpr int kF16Steps = 8;
-  static constexpr int kQSteps = 9;
+  static constexpr int kQSteps = kPeLoTerm ? 10 : 9;
+  static constexpr int kScoreGroups = kQkWgmma ? 2 : 4;
   // Tile loads: kRowThreads threads copy one cache row (16-byte cp.async each), so a warp's copy
   // covers 32 / kRowThreads rows; each thread takes kRowsPerThread rows, kRowStep apart.
   static constexpr int kRowThreads = kRowThreadsT;                               // 4 or 8
@@ -95,27 +110,37 @@ struct Fp8SplitConfig {
   // Shared memory (bytes). The Q tile is only read while building the fragments at the start of
   // a piece, so it shares its space with team 0's split-K reduction buffer.
   static constexpr int kQStride = 2 * kLatentDim + 32;       // 1184: 2-way conflicts at worst
-  static constexpr int kRedSStride = kBlockN + 8;            // floats
-  static constexpr int kRedSBytes = 4 * kRows * kRedSStride * 4;
+  // floats: the float2 accesses are conflict-free per half-warp (the wgmma path's scalar writes
+  // have 2-way conflicts; a stride that suits both does not exist)
+  static constexpr int kRedSStride = kBlockN + 8;
+  static constexpr int kRedSBytes = kScoreGroups * kRows * kRedSStride * 4;
   static constexpr int kQBytes = kRows * kQStride;
   static constexpr int kQRedBytes = kQBytes > kRedSBytes ? kQBytes : kRedSBytes;
   static constexpr int kStageKeyBytes = kBlockN * kKeyBytes;            // 40 KB
   static constexpr int kStageScaleBytes = kDsMla ? kBlockN * 16 : 0;    // fp32 [64][4]
-  static constexpr int kStageBytes = kStageKeyBytes + kStageScaleBytes + kBlockN;  // + flags
-  // P (fp16) [16][64 keys + 8 pad]; key k at 8 (k / 8) + 2 (k % 4) + (k % 8) / 4, so that the
-  // PV A fragment's key pair (k, k + 4) is one 32-bit word; 144-byte rows: conflict-free reads.
+  // + flags; wgmma reads the key blocks in the 128-byte swizzle: 1024-byte aligned stages
+  static constexpr int kStageBytes = kQkWgmma ? align1024(kStageKeyBytes + kStageScaleBytes + kBlockN)
+                                              : kStageKeyBytes + kStageScaleBytes + kBlockN;
+  // P (fp16) [16][64 keys + 8 pad], key k at p_column(k): the PV A fragment's key pairs (in the
+  // order pv_key gives) are 32-bit words; 144-byte rows: conflict-free reads.
   static constexpr int kPStride = kBlockN + 8;               // halves
   static constexpr int kPBytes = kRows * kPStride * 2;
   static constexpr int kRedBytes = kTeamWarps * kRows * 4;
   static constexpr int kExceedBytes = 128;                   // one flag byte per warp (padded)
-  static constexpr int kTeamBytes = kStages * kStageBytes + kPBytes + kRedBytes + kExceedBytes;
+  static constexpr int kTeamBytesRaw = kStages * kStageBytes + kPBytes + kRedBytes + kExceedBytes;
+  static constexpr int kTeamBytes = kQkWgmma ? align1024(kTeamBytesRaw) : kTeamBytesRaw;
   static constexpr int kOffQ = 0;                            // = team 0's red_s
   static constexpr int kOffRedS1 = kQRedBytes;               // team 1's red_s
-  static constexpr int kOffTeam = kOffRedS1 + kRedSBytes;    // team t at kOffTeam + t * kTeamBytes
+  // team t at kOffTeam + t * kTeamBytes
+  static constexpr int kOffTeam = kQkWgmma ? align1024(kOffRedS1 + kRedSBytes) : kOffRedS1 + kRedSBytes;
   static constexpr int kOffRowExp = kOffTeam + kTeams * kTeamBytes;   // row exponent, score scale, limit
-  static constexpr int kOffQFrag = kOffRowExp + 3 * kRows * 4;         // [k-step][g][lane] uint4
-  static constexpr int kQFragBytes = kQSteps * 4 * 32 * 16;
+  // q as MMA operand: mma.sync, [k-step][g][lane] uint4 A fragments; wgmma, the B operand
+  // [5 dim blocks][32 rows: hi terms of the 16 rows, then lo terms][128 B] in the 128-byte
+  // swizzle (fp8_ds_mla: block 4 holds the bf16 rope dims of rows 0-15).
+  static constexpr int kOffQFrag = kQkWgmma ? align1024(kOffRowExp + 3 * kRows * 4) : kOffRowExp + 3 * kRows * 4;
+  static constexpr int kQFragBytes = kQkWgmma ? 5 * 32 * 128 : kQSteps * 4 * 32 * 16;
   static constexpr int kSmemBytes = kOffQFrag + kQFragBytes;
+  static constexpr int kSmemLaunchBytes = kSmemBytes + (kQkWgmma ? 1024 : 0);  // + base alignment
   // Team-relative offsets.
   static constexpr int kOffStages = 0;
   static constexpr int kOffP = kStages * kStageBytes;
@@ -125,20 +150,51 @@ struct Fp8SplitConfig {
   // float index k * 256 + thread), then m and l per row, then R per warp.
   static constexpr int kXchgFloats = 32 * kTeamThreads + 2 * kRows + kTeamWarps;
   static_assert(kXchgFloats * 4 <= kStages * kStageBytes);
-  static_assert(kSmemBytes <= 227 * 1024, "fp8 decode tiles do not fit in shared memory");
+  static_assert(kSmemLaunchBytes <= 227 * 1024, "fp8 decode tiles do not fit in shared memory");
 };
 
 __device__ __forceinline__ int key_swizzle(int key) { return ((key & 1) << 2) | (key & 2) | ((key >> 2) & 1); }
 
-template <typename T, CacheFormat kFormat, int kRowThreads>
+// Swizzle of key k's chunks: the bits of k % 8 reversed in 640-byte rows (mma.sync path: conflict-
+// free for its QK^T and PV loads), k % 8 in the 128-byte swizzle wgmma reads (its PV loads stay
+// conflict-free through the order pv_key gives the keys).
+template <bool kQkWgmma>
+__device__ __forceinline__ int chunk_swizzle(int key) {
+  return kQkWgmma ? key % 8 : key_swizzle(key);
+}
+
+// Byte offset of 16-byte chunk c (c % 8 = its place among 8) of key k in a stage.
+template <typename C>
+__device__ __forceinline__ uint32_t key_chunk_offset(int key, int chunk) {
+  return key * C::kKeyStride + (chunk / 8) * C::kBlockStride + (((chunk % 8) ^ chunk_swizzle<C::kQkWgmma>(key)) << 4);
+}
+
+// PV k-step order: k indices (2 qd, 2 qd + 1, 2 qd + 8, 2 qd + 9) of the B fragment (e = 0..3)
+// are keys 16 ks + pv_key(qd, e), chosen so that each half-warp of a 64-bit load instruction (the
+// four keys of qd = 0..3 for one e, two chunks, two halves) hits 32 distinct banks: keys
+// qd + 4 e for 640-byte rows (bit-reversed swizzle), the natural order for the 128-byte swizzle.
+template <bool kQkWgmma>
+__device__ __forceinline__ int pv_key(int qd, int e) {
+  return kQkWgmma ? 8 * (e / 2) + 2 * qd + e % 2 : qd + 4 * e;
+}
+// Column of key k (of 64) in the P tile: pairs (pv_key(qd, 0), pv_key(qd, 1)) at 2 qd, (.., 2 | 3)
+// at 2 qd + 8 of each 16, so that the A fragment is four 32-bit loads (e4m3::load_pv_a).
+template <bool kQkWgmma>
+__device__ __forceinline__ int p_column(int k) {
+  return kQkWgmma ? k : 8 * (k / 8) + 2 * (k % 4) + (k % 8) / 4;
+}
+
+template <typename T, CacheFormat kFormat, int kRowThreads, bool kQkWgmma>
 __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_constant__ DecodeParams p) {
-  using C = Fp8SplitConfig<kFormat, kRowThreads>;
+  using C = Fp8SplitConfig<T, kFormat, kRowThreads, kQkWgmma>;
   using sm80::cp_async16;
   using sm80::mma_16816;
   using sm80::named_barrier;
   using sm80::pack2;
   using sm80::smem_addr;
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  // (wgmma: swizzled blocks need 1024-byte alignment; the launch adds 1 KB for it.)
+  uint8_t* const smem = kQkWgmma ? sm90::align_to_swizzle_atom(smem_raw) : smem_raw;
 
   const int tid = threadIdx.x, team = tid / C::kTeamThreads, ttid = tid % C::kTeamThreads;
   const int warp = ttid / 32, lane = tid % 32, grp = lane / 4, qd = lane % 4;
@@ -183,7 +239,10 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     // (the same address for every thread) and one division per tile instead of one per row, and
     // the rows' addresses differ by a constant. Otherwise each row finds its own page.
     constexpr int kRR = C::kRowsPerThread;
-    const int load_row = ttid / C::kRowThreads, sub = ttid % C::kRowThreads;
+    // (128-byte swizzle with 4 threads per row: a quarter-warp's two rows are r and r + 4, whose
+    // chunks land in opposite halves of the 128 bytes; rows r and r + 1 would share banks.)
+    const int load_row = kQkWgmma && C::kRowThreads == 4 ? 8 * (ttid / 32) + key_swizzle(lane / 4) : ttid / C::kRowThreads;
+    const int sub = ttid % C::kRowThreads;
     struct Pages {
       int id[kRR];  // one page per row; whole-tile pages: id[0] is the tile's page
     };
@@ -233,21 +292,21 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
 #pragma unroll
         for (int rr = 0; rr < kRR; ++rr) st[C::kStageKeyBytes + C::kStageScaleBytes + load_row + C::kRowStep * rr] = c.ok[rr];
       }
-      c.dst = smem_addr(st) + load_row * C::kKeyBytes;
+      c.dst = smem_addr(st) + load_row * C::kKeyStride;
       return c;
     };
-    // Thread `sub` copies raw chunks sub + kRowThreads j. Chunk c of key r lives at c ^ f(r)
-    // = 8 (c / 8) + ((c % 8) ^ f(r)), and c % 8 is sub or (4 threads, odd j) sub + 4: two
-    // offsets, the rest immediates. f(r) is the same for all of a thread's rows (kRowStep % 8 == 0).
-    const int f_row = key_swizzle(load_row);
+    // Thread `sub` copies raw chunks sub + kRowThreads j to key_chunk_offset(r, c), where c % 8 is
+    // sub or (4 threads, odd j) sub + 4: two offsets, the rest immediates. The swizzle is the
+    // same for all of a thread's rows (kRowStep % 8 == 0).
+    const int f_row = chunk_swizzle<kQkWgmma>(load_row);
     const uint32_t off_lo = (sub ^ f_row) << 4, off_hi = ((sub + 4) ^ f_row) << 4;
     auto chunk_off = [&](int c_minus_sub) {  // destination offset of raw chunk sub + c_minus_sub
-      return uint32_t(128 * (c_minus_sub / 8)) + (c_minus_sub % 8 == 0 ? off_lo : off_hi);
+      return uint32_t(C::kBlockStride * (c_minus_sub / 8)) + (c_minus_sub % 8 == 0 ? off_lo : off_hi);
     };
     auto issue_rows = [&](const RowCopy& c, int half) {
 #pragma unroll
       for (int rr = 0; rr < kRR; ++rr) {
-        const uint32_t dst = c.dst + rr * C::kRowStep * C::kKeyBytes;
+        const uint32_t dst = c.dst + rr * C::kRowStep * C::kKeyStride;
 #pragma unroll
         for (int j = 0; j < C::kJ; ++j) {
           if ((j < C::kJ / 2) != (half == 0)) continue;
@@ -260,10 +319,10 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
           // chunk 32) go to their own array after the stage's keys (thread sub 0, whose src is the row).
 #pragma unroll
           for (int q = 0; q < 8 / C::kRowThreads; ++q)
-            cp_async16(dst + 128 * 4 + chunk_off(C::kRowThreads * q), c.src[rr] + kDsMlaRopeOffset + 16 * C::kRowThreads * q, c.ok[rr]);
+            cp_async16(dst + C::kBlockStride * 4 + chunk_off(C::kRowThreads * q), c.src[rr] + kDsMlaRopeOffset + 16 * C::kRowThreads * q, c.ok[rr]);
           if (sub == 0) {
             const int r = load_row + C::kRowStep * rr;
-            cp_async16(dst - r * C::kKeyBytes + C::kStageKeyBytes + 16 * r, c.src[rr] + kDsMlaScaleOffset, c.ok[rr]);
+            cp_async16(dst - r * C::kKeyStride + C::kStageKeyBytes + 16 * r, c.src[rr] + kDsMlaScaleOffset, c.ok[rr]);
           }
         }
       }
@@ -315,7 +374,8 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         int e = 0;
         if (mx > 0.f && mx <= 3.0e38f) {
           frexpf(mx, &e);
-          e = max(e - 15, -120);  // mx * 2^-e in [2^14, 2^15)
+          // mx * 2^-e in [2^14, 2^15) for fp16 fragments, [2^7, 2^8) for e4m3 terms (< 448)
+          e = max(e - (kQkWgmma ? 8 : 15), -120);
         }
         if (lane == 0) {
           // Per row, kept in shared memory (registers are at the 128 cap): exponent, the row's
@@ -327,15 +387,43 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         }
       }
       __syncthreads();
-      // The A fragments of each dim group, built once per piece by team 0's warps 0-3.
-      const int e0 = row_exp[grp], e1 = row_exp[grp + 8];
-      if (team == 0 && kh == 0) {
+      if constexpr (kQkWgmma) {
+        // The B operand, by all threads: q' = q 2^-e as hi and lo e4m3 terms (rows r and 16 + r
+        // of each dim block; fp8_ds_mla's rope dims as bf16 in block 4), 4 dims per step.
+        const uint32_t qb = smem_addr(smem + C::kOffQFrag);
+        auto q_scaled = [&](int r, int d) {  // inf -> NaN: e4m3 saturates inf, NaN propagates
+          const float x = to_float(reinterpret_cast<const T*>(smem + C::kOffQ + r * C::kQStride)[d]) * e4m3::pow2(-row_exp[r]);
+          return fabsf(x) == INFINITY ? __int_as_float(0x7fffffff) : x;
+        };
+        auto b_operand_offset = [](int n, int byte) {  // row n, byte `byte` of the 576 / 512 + 128
+          return uint32_t((byte / 128) * 32 * 128 + n * 128 + ((((byte % 128) / 16) ^ (n % 8)) << 4) + byte % 16);
+        };
+        constexpr int kE4m3Dims = C::kDsMla ? kKvLoraRank : kLatentDim;
+        for (int idx = tid; idx < C::kRows * kE4m3Dims / 4; idx += C::kThreads) {
+          const int r = idx / (kE4m3Dims / 4), d = 4 * (idx % (kE4m3Dims / 4));
+          uint16_t h01, l01, h23, l23;
+          e4m3::split_e4m3x2(q_scaled(r, d), q_scaled(r, d + 1), h01, l01);
+          e4m3::split_e4m3x2(q_scaled(r, d + 2), q_scaled(r, d + 3), h23, l23);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(qb + b_operand_offset(r, d)), "r"(h01 | (uint32_t(h23) << 16)));
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(qb + b_operand_offset(16 + r, d)), "r"(l01 | (uint32_t(l23) << 16)));
+        }
+        if constexpr (C::kDsMla) {
+          for (int idx = tid; idx < C::kRows * kRopeDim / 2; idx += C::kThreads) {
+            const int r = idx / (kRopeDim / 2), d = 2 * (idx % (kRopeDim / 2));
+            const uint32_t v = pack2<__nv_bfloat16>(q_scaled(r, kKvLoraRank + d), q_scaled(r, kKvLoraRank + d + 1));
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(qb + b_operand_offset(r, kKvLoraRank + 2 * d)), "r"(v));
+          }
+        }
+        sm90::fence_proxy_async_smem();  // st.shared -> wgmma's async proxy (the barrier below)
+      } else if (team == 0 && kh == 0) {
+        // The A fragments of each dim group, built once per piece by team 0's warps 0-3.
+        const int e0 = row_exp[grp], e1 = row_exp[grp + 8];
         const uint8_t* q0 = smem + C::kOffQ + grp * C::kQStride;
         const uint8_t* q1 = q0 + 8 * C::kQStride;
 #pragma unroll
         for (int s = 0; s < C::kQSteps; ++s) {
-          const bool bf16_step = C::kDsMla && s == C::kF16Steps;
-          const int d = s == C::kF16Steps ? kKvLoraRank + 16 * g + 4 * qd : 128 * g + 64 * (s / 4) + 16 * qd + 4 * (s % 4);
+          const bool bf16_step = C::kDsMla && s >= C::kF16Steps, lo_step = s > C::kF16Steps;
+          const int d = s >= C::kF16Steps ? kKvLoraRank + 16 * g + 4 * qd : 128 * g + 64 * (s / 4) + 16 * qd + 4 * (s % 4);
           uint32_t qf[4];
 #pragma unroll
           for (int half = 0; half < 2; ++half) {  // dims d + 2 half, + 1
@@ -343,8 +431,11 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
             for (int rr = 0; rr < 2; ++rr) {
               const T* src = reinterpret_cast<const T*>(rr == 0 ? q0 : q1) + d + 2 * half;
               const int e = rr == 0 ? e0 : e1;
-              const float a = to_float(src[0]) * e4m3::pow2(-e), b = to_float(src[1]) * e4m3::pow2(-e);
-              // (q_pe meets the bf16 k_pe in a bf16 MMA: an fp16 q_pe is rounded to bf16 here.)
+              float a = to_float(src[0]) * e4m3::pow2(-e), b = to_float(src[1]) * e4m3::pow2(-e);
+              if (lo_step) {  // what bf16 lost of an fp16 q_pe (exact: 11 bits fit in two bf16 terms)
+                a -= __bfloat162float(__float2bfloat16_rn(a));
+                b -= __bfloat162float(__float2bfloat16_rn(b));
+              }
               qf[2 * half + rr] = bf16_step ? pack2<__nv_bfloat16>(a, b) : pack2<__half>(a, b);
             }
           }
@@ -359,6 +450,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     for (int i = team; i < num_tiles; i += C::kTeams) {
       const int li = i / C::kTeams, stage = li % C::kStages;
       sm80::cp_async_wait<0>();
+      if constexpr (kQkWgmma) sm90::fence_proxy_async_smem();  // cp.async data -> wgmma
       team_sync();  // tile i landed for the team; the team is done with its previous tile
       const bool load_next = i + C::kTeams < num_tiles;
       RowCopy next_copy{};
@@ -372,82 +464,147 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       const float* scales = reinterpret_cast<const float*>(st + C::kStageKeyBytes);
       const uint8_t* flags = st + C::kStageKeyBytes + C::kStageScaleBytes;
 
-      // ---- S partial = q'_g . k_g for keys 32 kh .. + 31 (four n-tiles).
-      float part[4][4];
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) part[nt][e] = 0.f;
-      const int fk = key_swizzle(grp);  // key % 8 == grp for every B row this thread loads
-      const uint32_t qk_row = kbase + (32 * kh + grp) * C::kKeyBytes;
-      auto load_qa = [&](int s, uint32_t (&a)[4]) {
-        const uint4 v = e4m3::lds128(qfrag + s * kQFragStepBytes);
-        a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
+      // The next tile's second half of copies goes out while QK^T runs; R's vote after it.
+      float v_rescale = 1.f;
+      auto after_qk_issue = [&] {
+        if (load_next) issue_rows(next_copy, 1);
+        sm80::cp_async_commit();
+        // V reference R of this warp's tile (P' = P scale / R in fp16): see e4m3::update_scale_ref.
+        // (Not before QK^T: the scale loads right after the barrier stalled the warp.)
+        if constexpr (C::kDsMla) e4m3::update_scale_ref<C::kScaleFitLog2>(scales[4 * lane + vt], scales[4 * (lane + 32) + vt], v_ref, v_rescale, v_inv);
       };
+      if constexpr (kQkWgmma) {
+#if MLA_SM90A
+        // ---- S^T partial = K_b q'_b^T for all 64 keys over dim blocks b = 2 wg, 2 wg + 1 (one
+        // accumulator each: fp8_ds_mla scales them per key; e4m3 MMAs also keep fewer bits of a
+        // long running sum) and rope k-steps 2 wg, 2 wg + 1; columns 0-15 hi terms, 16-31 lo.
+        const int wg = warp / 4, w4 = warp % 4;
+        const uint32_t qb = smem_addr(smem + C::kOffQFrag);
+        float acc[2][16];
+        float acc_pe[8];  // fp8_ds_mla: the bf16 rope dims
+        sm90::wgmma_fence();
 #pragma unroll
-      for (int G = 0; G < 2; ++G) {
-        uint4 raw[4];  // chunk 8 g + 4 G + qd of keys 32 kh + 8 nt + grp
+        for (int bb = 0; bb < 2; ++bb) {
+          const int blk = 2 * wg + bb;
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks)
+            sm90::wgmma_m64n32k32_e4m3(acc[bb], sm90::kmajor_sw128_desc(kbase + blk * C::kBlockStride + 32 * ks),
+                                       sm90::kmajor_sw128_desc(qb + blk * 32 * 128 + 32 * ks), ks > 0);
+        }
+        if constexpr (C::kDsMla) {
+#pragma unroll
+          for (int ks = 0; ks < 2; ++ks)
+            sm90::wgmma_m64n16k16_bf16(acc_pe, sm90::kmajor_sw128_desc(kbase + 4 * C::kBlockStride + 32 * (2 * wg + ks)),
+                                       sm90::kmajor_sw128_desc(qb + 4 * 32 * 128 + 32 * (2 * wg + ks)), ks > 0);
+        } else {  // e4m3 rope dims 512 + 32 wg ..
+          sm90::wgmma_m64n32k32_e4m3(acc[1], sm90::kmajor_sw128_desc(kbase + 4 * C::kBlockStride + 32 * wg),
+                                     sm90::kmajor_sw128_desc(qb + 4 * 32 * 128 + 32 * wg), true);
+        }
+        sm90::wgmma_commit();
+        after_qk_issue();
+        sm90::wgmma_wait<0>();
+#pragma unroll
+        for (int bb = 0; bb < 2; ++bb)
+#pragma unroll
+          for (int e = 0; e < 16; ++e) sm90::fence_operand(acc[bb][e]);
+        if constexpr (C::kDsMla) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) sm90::fence_operand(acc_pe[e]);
+        }
+        // Thread: keys 16 w4 + grp + 8 r, rows 8 i + 2 qd + c: d[4 i + 2 r + c] (+ 8 for lo terms).
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int key = 16 * w4 + grp + 8 * r;
+          const float s0 = C::kDsMla ? scales[4 * key + 2 * wg] : 1.f, s1 = C::kDsMla ? scales[4 * key + 2 * wg + 1] : 1.f;
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const int e = 4 * i + 2 * r + c;
+              float v = s0 * (acc[0][e] + acc[0][e + 8]) + s1 * (acc[1][e] + acc[1][e + 8]);
+              if constexpr (C::kDsMla) v += acc_pe[e];
+              red_s[(wg * 16 + 8 * i + 2 * qd + c) * C::kRedSStride + key] = v;
+            }
+        }
+#else
+        __trap();  // kQkWgmma kernels are launched on sm90 only
+#endif
+      } else {
+        // ---- S partial = q'_g . k_g for keys 32 kh .. + 31 (four n-tiles).
+        float part[4][4];
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
-          raw[nt] = e4m3::lds128(qk_row + nt * 8 * C::kKeyBytes + ((8 * g + ((4 * G + qd) ^ fk)) << 4));
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+          for (int e = 0; e < 4; ++e) part[nt][e] = 0.f;
+        const int fk = key_swizzle(grp);  // key % 8 == grp for every B row this thread loads
+        const uint32_t qk_row = kbase + (32 * kh + grp) * C::kKeyBytes;
+        auto load_qa = [&](int s, uint32_t (&a)[4]) {
+          const uint4 v = e4m3::lds128(qfrag + s * kQFragStepBytes);
+          a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
+        };
+#pragma unroll
+        for (int G = 0; G < 2; ++G) {
+          uint4 raw[4];  // chunk 8 g + 4 G + qd of keys 32 kh + 8 nt + grp
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt)
+            raw[nt] = e4m3::lds128(qk_row + nt * 8 * C::kKeyBytes + ((8 * g + ((4 * G + qd) ^ fk)) << 4));
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            uint32_t qa[4];
+            load_qa(4 * G + j, qa);
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+              const uint32_t w = j == 0 ? raw[nt].x : j == 1 ? raw[nt].y : j == 2 ? raw[nt].z : raw[nt].w;
+              uint32_t b0, b1;
+              e4m3::x4_to_f16x2x2(w, b0, b1);
+              mma_16816<__half>(part[nt], qa, b0, b1);
+            }
+          }
+        }
+        {
           uint32_t qa[4];
-          load_qa(4 * G + j, qa);
+          load_qa(C::kF16Steps, qa);
+          if constexpr (C::kDsMla) {
+            // Tile g's scale per key, then k_pe (bf16, dims 512 + 16 g + 4 qd ..) unscaled.
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            const uint32_t w = j == 0 ? raw[nt].x : j == 1 ? raw[nt].y : j == 2 ? raw[nt].z : raw[nt].w;
-            uint32_t b0, b1;
-            e4m3::x4_to_f16x2x2(w, b0, b1);
-            mma_16816<__half>(part[nt], qa, b0, b1);
+            for (int nt = 0; nt < 4; ++nt) {
+              const int key = 32 * kh + 8 * nt + 2 * qd;
+              const float s0 = scales[4 * key + g], s1 = scales[4 * (key + 1) + g];
+              part[nt][0] *= s0, part[nt][1] *= s1, part[nt][2] *= s0, part[nt][3] *= s1;
+            }
+            const int chunk = kKvLoraRank / 16 + 2 * g + qd / 2;
+            uint32_t qa_lo[4];
+            if constexpr (C::kPeLoTerm) load_qa(C::kF16Steps + 1, qa_lo);
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+              const uint2 w = e4m3::lds64(qk_row + nt * 8 * C::kKeyBytes + ((chunk ^ fk) << 4) + 8 * (qd % 2));
+              mma_16816<__nv_bfloat16>(part[nt], qa, w.x, w.y);
+              if constexpr (C::kPeLoTerm) mma_16816<__nv_bfloat16>(part[nt], qa_lo, w.x, w.y);
+            }
+          } else {
+            // k_pe in e4m3: dims 512 + 16 g + 4 qd .. = chunk 32 + g, bytes 4 qd ..
+            const int chunk = kKvLoraRank / 16 + g;
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+              uint32_t b0, b1;
+              e4m3::x4_to_f16x2x2(e4m3::lds32(qk_row + nt * 8 * C::kKeyBytes + ((chunk ^ fk) << 4) + 4 * qd), b0, b1);
+              mma_16816<__half>(part[nt], qa, b0, b1);
+            }
           }
         }
-      }
-      {
-        uint32_t qa[4];
-        load_qa(C::kF16Steps, qa);
-        if constexpr (C::kDsMla) {
-          // Tile g's scale per key, then k_pe (bf16, dims 512 + 16 g + 4 qd ..) unscaled.
+        after_qk_issue();
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            const int key = 32 * kh + 8 * nt + 2 * qd;
-            const float s0 = scales[4 * key + g], s1 = scales[4 * (key + 1) + g];
-            part[nt][0] *= s0, part[nt][1] *= s1, part[nt][2] *= s0, part[nt][3] *= s1;
-          }
-          const int chunk = kKvLoraRank / 16 + 2 * g + qd / 2;
+        for (int nt = 0; nt < 4; ++nt) {
+          const int key = 32 * kh + 8 * nt + 2 * qd;
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            const uint2 w = e4m3::lds64(qk_row + nt * 8 * C::kKeyBytes + ((chunk ^ fk) << 4) + 8 * (qd % 2));
-            mma_16816<__nv_bfloat16>(part[nt], qa, w.x, w.y);
-          }
-        } else {
-          // k_pe in e4m3: dims 512 + 16 g + 4 qd .. = chunk 32 + g, bytes 4 qd ..
-          const int chunk = kKvLoraRank / 16 + g;
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            uint32_t b0, b1;
-            e4m3::x4_to_f16x2x2(e4m3::lds32(qk_row + nt * 8 * C::kKeyBytes + ((chunk ^ fk) << 4) + 4 * qd), b0, b1);
-            mma_16816<__half>(part[nt], qa, b0, b1);
-          }
+          for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<float2*>(red_s + (g * 16 + grp + 8 * h) * C::kRedSStride + key) =
+                make_float2(part[nt][2 * h], part[nt][2 * h + 1]);
         }
-      }
-      if (load_next) issue_rows(next_copy, 1);
-      sm80::cp_async_commit();
-      // V reference R of this warp's tile (P' = P scale / R in fp16): see e4m3::update_scale_ref.
-      // (Here rather than before QK^T: the scale loads right after the barrier stalled the warp.)
-      float v_rescale = 1.f;
-      if constexpr (C::kDsMla) e4m3::update_scale_ref<C::kScaleFitLog2>(scales[4 * lane + vt], scales[4 * (lane + 32) + vt], v_ref, v_rescale, v_inv);
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const int key = 32 * kh + 8 * nt + 2 * qd;
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          *reinterpret_cast<float2*>(red_s + (g * 16 + grp + 8 * h) * C::kRedSStride + key) =
-              make_float2(part[nt][2 * h], part[nt][2 * h + 1]);
       }
       team_sync();
 
-      // ---- warp w: keys 8 w + 2 qd, + 1 of rows grp, grp + 8: sum the 4 groups, mask, scale.
+      // ---- warp w: keys 8 w + 2 qd, + 1 of rows grp, grp + 8: sum the groups, mask, scale.
       float sc[4];
       const int kcol = 8 * warp + 2 * qd;
       const int key0 = (tile_begin + i) * kBlockN + kcol;
@@ -456,7 +613,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       for (int h = 0; h < 2; ++h) {
         float2 acc = make_float2(0.f, 0.f);
 #pragma unroll
-        for (int gg = 0; gg < 4; ++gg) {
+        for (int gg = 0; gg < C::kScoreGroups; ++gg) {
           const float2 v = *reinterpret_cast<const float2*>(red_s + (gg * 16 + grp + 8 * h) * C::kRedSStride + kcol);
           acc.x += v.x;
           acc.y += v.y;
@@ -478,11 +635,14 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       // P must be redone with the new maximum, which the row maxima in `red` already give.
       bool exceed = false;
       float pk[4];
-      const int pcol0 = 8 * warp + 2 * ((2 * qd) % 4) + qd / 2;      // keys kcol, kcol + 1 (kcol % 8 = 2 qd)
-      const int pcol1 = 8 * warp + 2 * ((2 * qd + 1) % 4) + qd / 2;  // at their permuted places
+      const int pcol0 = p_column<kQkWgmma>(kcol), pcol1 = p_column<kQkWgmma>(kcol + 1);
       auto write_p = [&](int h, float p0, float p1) {
-        p_tile[(grp + 8 * h) * C::kPStride + pcol0] = __float2half_rn(p0);
-        p_tile[(grp + 8 * h) * C::kPStride + pcol1] = __float2half_rn(p1);
+        if constexpr (kQkWgmma) {  // natural order: one word
+          *reinterpret_cast<__half2*>(p_tile + (grp + 8 * h) * C::kPStride + pcol0) = __floats2half2_rn(p0, p1);
+        } else {
+          p_tile[(grp + 8 * h) * C::kPStride + pcol0] = __float2half_rn(p0);
+          p_tile[(grp + 8 * h) * C::kPStride + pcol1] = __float2half_rn(p1);
+        }
       };
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -531,29 +691,32 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       }
 
       // ---- O[:, 64 warp ..] += P' V8.
+      // Keys 16 ks + pv_key(qd, e) (pv_key(qd, e + 2) = pv_key(qd, e) + 8): the offset of e % 2
+      // here, 8 (e / 2) keys added per load.
       const int pv_chunk = 4 * warp + grp / 2;
-      const uint32_t pv_off[2] = {uint32_t(((pv_chunk ^ key_swizzle(qd)) << 4) + 8 * (grp % 2)),
-                                  uint32_t(((pv_chunk ^ key_swizzle(qd + 4)) << 4) + 8 * (grp % 2))};
+      const uint32_t pv_off[2] = {key_chunk_offset<C>(pv_key<kQkWgmma>(qd, 0), pv_chunk) + 8 * (grp % 2),
+                                  key_chunk_offset<C>(pv_key<kQkWgmma>(qd, 1), pv_chunk) + 8 * (grp % 2)};
 #pragma unroll
       for (int ks = 0; ks < kBlockN / 16; ++ks) {
-        // A fragment: P of keys (16 ks + qd, + 4) and (+ 8, + 12), rows grp and grp + 8, times
+        // A fragment: P of keys 16 ks + pv_key(qd, 0 | 1) and (2 | 3), rows grp and grp + 8, times
         // scale[key, vt] / R for fp8_ds_mla.
         uint32_t pa[4];
         e4m3::load_pv_a<C::kPStride>(p_tile, ks, lane, pa);
         if constexpr (C::kDsMla) {
-          const float* sk = scales + 4 * (16 * ks + qd) + vt;
-          const __half2 v01 = __floats2half2_rn(sk[0] * v_inv, sk[16] * v_inv);
-          const __half2 v23 = __floats2half2_rn(sk[32] * v_inv, sk[48] * v_inv);
+          const float* sk = scales + 4 * 16 * ks + vt;
+          auto s_of = [&](int e) { return sk[4 * pv_key<kQkWgmma>(qd, e)] * v_inv; };
+          const __half2 v01 = __floats2half2_rn(s_of(0), s_of(1));
+          const __half2 v23 = __floats2half2_rn(s_of(2), s_of(3));
 #pragma unroll
           for (int rr = 0; rr < 2; ++rr) {
             pa[rr] = e4m3::hmul2_bits(pa[rr], v01);
             pa[2 + rr] = e4m3::hmul2_bits(pa[2 + rr], v23);
           }
         }
-        uint2 wk[4];  // dims 64 warp + 8 grp .. + 7 of keys 16 ks + qd + 4 e (key % 8 = qd + 4 (e % 2))
+        uint2 wk[4];  // dims 64 warp + 8 grp .. + 7 of keys 16 ks + pv_key(qd, e)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          wk[e] = e4m3::lds64(kbase + (16 * ks + 4 * e + qd) * C::kKeyBytes + pv_off[e % 2]);
+          wk[e] = e4m3::lds64(kbase + (16 * ks + 8 * (e / 2)) * C::kKeyStride + pv_off[e % 2]);
 #pragma unroll
         for (int S = 0; S < 2; ++S) {
           const uint32_t w[4] = {S ? wk[0].y : wk[0].x, S ? wk[1].y : wk[1].x, S ? wk[2].y : wk[2].x, S ? wk[3].y : wk[3].x};
@@ -662,14 +825,17 @@ int decode_row_threads() {
   return kFormat == CacheFormat::kFp8DsMla ? 8 : 4;
 }
 
-template <typename T, CacheFormat kFormat>
+// kQkWgmma: the sm90a kernel (QK^T on wgmma); instantiated in split_fp8_16_sm90.cu, launched only
+// on sm90 devices (decode.cu).
+template <typename T, CacheFormat kFormat, bool kQkWgmma>
 void launch_decode_split_fp8(const DecodeParams& p) {
+  const char* what = kQkWgmma ? "sm90 fp8 decode kernel" : "portable fp8 decode kernel";
   if (decode_row_threads<kFormat>() == 4) {
-    using C = Fp8SplitConfig<kFormat, 4>;
-    launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 4>, C::kThreads, C::kSmemBytes, "portable fp8 decode kernel", p);
+    using C = Fp8SplitConfig<T, kFormat, 4, kQkWgmma>;
+    launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 4, kQkWgmma>, C::kThreads, C::kSmemLaunchBytes, what, p);
   } else {
-    using C = Fp8SplitConfig<kFormat, 8>;
-    launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8>, C::kThreads, C::kSmemBytes, "portable fp8 decode kernel", p);
+    using C = Fp8SplitConfig<T, kFormat, 8, kQkWgmma>;
+    launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8, kQkWgmma>, C::kThreads, C::kSmemLaunchBytes, what, p);
   }
 }
 

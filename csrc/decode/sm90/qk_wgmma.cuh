@@ -1,0 +1,37 @@
+// sm90a wgmma instructions for the fp8 decode kernel's S^T = K q^T (decode_split_fp8.cuh with
+// kQkWgmma): the cache tile is the A operand as it lies in shared memory (e4m3, K-major, 128-byte
+// swizzle), q the B operand (two e4m3 terms per value, or bf16 for fp8_ds_mla's rope dims).
+// Hopper has fp8 tensor math only in wgmma: mma.sync with e4m3 operands compiles to fp16 MMAs
+// plus the very conversions this avoids. Descriptors and fences: absorb/sm90/wgmma.cuh.
+#pragma once
+
+#include <cstdint>
+
+#include "absorb/sm90/wgmma.cuh"
+
+namespace mla::sm90 {
+
+// d[64 x 32] (+)= a[64 x 32] * b[32 x 32], e4m3 operands, both K-major in shared memory (fp8
+// wgmma has no transposed forms), fp32 accumulators: d[4 i + e] is row 16 (warp % 4) + lane / 4
+// + 8 (e / 2), column 8 i + 2 (lane % 4) + e % 2. accumulate = false overwrites d.
+__device__ __forceinline__ void wgmma_m64n32k32_e4m3(float (&d)[16], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+// d[64 x 16] (+)= a[64 x 16] * b[16 x 16], bf16, both K-major in shared memory; d as above (i < 2).
+__device__ __forceinline__ void wgmma_m64n16k16_bf16(float (&d)[8], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+}  // namespace mla::sm90
