@@ -29,6 +29,8 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "absorb/absorb.h"
 #include "absorb/absorb_common.cuh"
@@ -67,6 +69,12 @@ struct TmaVUpParams {
   CUtensorMap x_map;  // x as [T][H][512] bf16, box [BM][1][64]
   CUtensorMap w_map;  // bf16 weights as [H * 128][512], box [128][64] (unused for e4m3)
   AbsorbParams p;
+  // EXPERIMENT (MLA_EXT_VUP_TMA_KNOBS): the producer's schedule of the resident-weight kernel.
+  int first_ahead = 0;  // pieces of the first tile (weight + x) in flight ahead of the consumers
+  int later_ahead = 0;  // pieces of later tiles (x only) in flight
+  int w_upfront = 0;    // 1: all 8 bf16 weight tiles before the first x piece (the old schedule)
+  int rotate = 0;       // 1: head h walks the k pieces from h % 8 on
+  int hint = 0;         // 1: x and weight loads with an L2 evict_first policy
 };
 
 // Lane q of a quad holds bf16 pairs a[i] = columns 8 (4 j + i) + 2 q, +1 of one row (i = 0..3);
@@ -151,27 +159,40 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_kernel(const __grid
   }
   __syncthreads();
 
+  const int rot = args.rotate ? h % kChunks : 0;  // the k piece a tile starts with
   if (warp == 4 * Cfg::kConsumers) {
     // ---- producer warp: one lane issues every load
     if (lane == 0 && total_steps > 0) {
-      auto load_piece = [&](int step) {
-        const int stage = step % kStages, kc = step % kChunks;
-        const int tile = m_split + (step / kChunks) * m_splits;
-        if (step >= kStages) mbar_wait(empty_bar + 8 * stage, ((step / kStages) - 1) & 1);
-        mbar_arrive_expect_tx(full_bar + 8 * stage, Cfg::kABytes);
-        tma_load_3d(smem_a + stage * Cfg::kABytes, &args.x_map, full_bar + 8 * stage, kc * BK, h, tile * BM);
-      };
-      // First every bf16 weight tile, each followed by the piece of x that needs it while stages
-      // are free, so that the whole first round is in flight at once (what small T waits for).
-      int step = 0;
-      for (int kc = 0; kc < kChunks; ++kc) {
-        if constexpr (!Cfg::kFp8) {
-          mbar_arrive_expect_tx(w_bar + 8 * kc, Cfg::kWChunkBytes);
+      const uint64_t policy = l2_evict_first_policy();
+      auto load_w = [&](int kc) {
+        mbar_arrive_expect_tx(w_bar + 8 * kc, Cfg::kWChunkBytes);
+        if (args.hint)
+          tma_load_2d_hint(smem_w + kc * Cfg::kWChunkBytes, &args.w_map, w_bar + 8 * kc, kc * BK, h * N, policy);
+        else
           tma_load_2d(smem_w + kc * Cfg::kWChunkBytes, &args.w_map, w_bar + 8 * kc, kc * BK, h * N);
+      };
+      if (!Cfg::kFp8 && args.w_upfront)
+        for (int kc = 0; kc < kChunks; ++kc) load_w(kc);
+      int waited = -1;  // pieces up to this one are known to be consumed
+#pragma unroll 1
+      for (int step = 0; step < total_steps; ++step) {
+        const int stage = step % kStages, kc = (step + rot) % kChunks;
+        const int tile = m_split + (step / kChunks) * m_splits;
+        // Piece `step` goes out once piece step - ahead is consumed (ahead <= kStages, so its
+        // stage is free too, and that piece's barrier phase cannot have been overtaken).
+        const bool first = !Cfg::kFp8 && step < kChunks;
+        const int q = step - (first ? args.first_ahead : args.later_ahead);
+        if (q > waited) {
+          mbar_wait(empty_bar + 8 * (q % kStages), (q / kStages) & 1);
+          waited = q;
         }
-        if (step < kStages && step < total_steps) load_piece(step++);
+        if (first && !args.w_upfront) load_w(kc);
+        mbar_arrive_expect_tx(full_bar + 8 * stage, Cfg::kABytes);
+        if (args.hint)
+          tma_load_3d_hint(smem_a + stage * Cfg::kABytes, &args.x_map, full_bar + 8 * stage, kc * BK, h, tile * BM, policy);
+        else
+          tma_load_3d(smem_a + stage * Cfg::kABytes, &args.x_map, full_bar + 8 * stage, kc * BK, h, tile * BM);
       }
-      for (; step < total_steps; ++step) load_piece(step);
     }
     return;
   }
@@ -193,8 +214,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_kernel(const __grid
     // The 8 pieces of a tile unrolled: straight-line code lets the compiler see that the
     // accumulators are read only after the final wait (else it inserts waits of its own).
 #pragma unroll
-    for (int kc = 0; kc < kChunks; ++kc) {
-      const int step = i * kChunks + kc, stage = step % kStages;
+    for (int j = 0; j < kChunks; ++j) {
+      const int step = i * kChunks + j, stage = step % kStages, kc = (j + rot) % kChunks;
       if (!Cfg::kFp8 && i == 0) mbar_wait(w_bar + 8 * kc, 0);
       mbar_wait(full_bar + 8 * stage, (step / kStages) & 1);
       const uint32_t a_stage = smem_a + stage * Cfg::kABytes + wg * (64 * 128);
@@ -202,11 +223,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_kernel(const __grid
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk)
-        wgmma_m64n128k16_bf16(acc, kmajor_sw128_desc(a_stage + kk * 32), kmajor_sw128_desc(w_tile + kk * 32), kc > 0 || kk > 0);
+        wgmma_m64n128k16_bf16(acc, kmajor_sw128_desc(a_stage + kk * 32), kmajor_sw128_desc(w_tile + kk * 32), j > 0 || kk > 0);
       wgmma_commit();
       // every group but this one is done: the previous piece's stage can be refilled
       wgmma_wait<1>();
-      if (kc > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((step - 1) % kStages));
+      if (j > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((step - 1) % kStages));
     }
     wgmma_wait<0>();
 #pragma unroll
@@ -225,7 +246,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_kernel(const __grid
 // [kBM rows][1 head][64 k]; bf16 weights as [H * 128][512], box [kBN n][64 k]. Returns false
 // where the driver refuses one (strides TMA cannot express).
 template <int kBM, int kBN = kVHeadDim>
-bool make_v_up_tensor_maps(const AbsorbParams& p, bool fp8, CUtensorMap* x_map, CUtensorMap* w_map) {
+bool make_v_up_tensor_maps(const AbsorbParams& p, bool fp8, CUtensorMap* x_map, CUtensorMap* w_map,
+                           CUtensorMapL2promotion x_promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
   constexpr int K = kKvLoraRank, N = kVHeadDim, BK = 64;
   // Strides of size-1 dims are arbitrary in torch; give the tensor map valid ones.
   const int64_t stride_head = p.num_heads > 1 ? p.stride_a_head : K;
@@ -233,7 +255,7 @@ bool make_v_up_tensor_maps(const AbsorbParams& p, bool fp8, CUtensorMap* x_map, 
   const uint64_t x_dims[3] = {uint64_t(K), uint64_t(p.num_heads), uint64_t(p.num_tokens)};
   const uint64_t x_strides[2] = {uint64_t(stride_head) * 2, uint64_t(stride_token) * 2};
   const uint32_t x_box[3] = {uint32_t(BK), 1, uint32_t(kBM)};
-  if (stride_head <= 0 || stride_token <= 0 || !sm90::make_bf16_tensor_map(x_map, p.a, 3, x_dims, x_strides, x_box))
+  if (stride_head <= 0 || stride_token <= 0 || !sm90::make_bf16_tensor_map(x_map, p.a, 3, x_dims, x_strides, x_box, x_promotion))
     return false;
   if (!fp8) {
     const uint64_t w_dims[2] = {uint64_t(K), uint64_t(p.num_heads) * N};
@@ -246,11 +268,51 @@ bool make_v_up_tensor_maps(const AbsorbParams& p, bool fp8, CUtensorMap* x_map, 
 
 // Returns false (launching nothing) where the driver refuses a tensor map, e.g. for strides TMA
 // cannot express; the caller then runs another kernel.
+// EXPERIMENT: MLA_EXT_VUP_TMA_KNOBS="first=3,later=6,wup=0,rot=1,hint=1,promo=256" (any subset;
+// defaults: the old schedule).
+struct TmaKnobs {
+  int first = -1, later = -1, wup = 1, rot = 0, hint = 0, promo = 256;
+};
+inline TmaKnobs tma_knobs_from_env() {
+  TmaKnobs k;
+  const char* env = std::getenv("MLA_EXT_VUP_TMA_KNOBS");
+  if (env == nullptr) return k;
+  std::string s(env);
+  size_t pos = 0;
+  while (pos < s.size()) {
+    size_t end = s.find(',', pos);
+    if (end == std::string::npos) end = s.size();
+    const std::string item = s.substr(pos, end - pos);
+    const size_t eq = item.find('=');
+    MLA_HOST_CHECK(eq != std::string::npos, "MLA_EXT_VUP_TMA_KNOBS: expected key=value, got " + item);
+    const std::string key = item.substr(0, eq);
+    const int v = std::stoi(item.substr(eq + 1));
+    if (key == "first") k.first = v;
+    else if (key == "later") k.later = v;
+    else if (key == "wup") k.wup = v;
+    else if (key == "rot") k.rot = v;
+    else if (key == "hint") k.hint = v;
+    else if (key == "promo") k.promo = v;
+    else MLA_HOST_CHECK(false, "MLA_EXT_VUP_TMA_KNOBS: unknown key " + key);
+    pos = end + 1;
+  }
+  return k;
+}
+
 template <class Cfg>
 bool launch_v_up_tma(const AbsorbParams& p) {
   TmaVUpParams args{};
   args.p = p;
-  if (!make_v_up_tensor_maps<Cfg::BM>(p, Cfg::kFp8, &args.x_map, &args.w_map)) return false;
+  const TmaKnobs k = tma_knobs_from_env();
+  auto clamp_ahead = [](int v) { return v < 1 || v > Cfg::kStages ? Cfg::kStages : v; };
+  args.first_ahead = clamp_ahead(k.first);
+  args.later_ahead = clamp_ahead(k.later);
+  args.w_upfront = k.wup, args.rotate = k.rot, args.hint = k.hint;
+  const CUtensorMapL2promotion promo = k.promo == 0     ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+                                       : k.promo == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+                                       : k.promo == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                                        : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+  if (!make_v_up_tensor_maps<Cfg::BM>(p, Cfg::kFp8, &args.x_map, &args.w_map, promo)) return false;
   auto kernel = v_up_tma_kernel<Cfg>;
   opt_in_smem_once<Cfg>(reinterpret_cast<const void*>(kernel), p.device);
   const int64_t num_tiles = (p.num_tokens + Cfg::BM - 1) / Cfg::BM;
