@@ -10,7 +10,9 @@ from mla_ext.bench.absorb import _weights, L
 
 h, t = int(sys.argv[1]), int(sys.argv[2])
 cands = [("wgmma", ""), ("tma128", "")]
-if len(sys.argv) > 3 and os.path.exists(sys.argv[3]):
+if len(sys.argv) > 3 and sys.argv[3] == "--cands":  # kernel:knobs;kernel:knobs
+    cands = [tuple((c.split(":", 1) + [""])[:2]) for c in sys.argv[4].split(";")]
+elif len(sys.argv) > 3 and os.path.exists(sys.argv[3]):
     rows = json.load(open(sys.argv[3]))["rows"]
     mine = [r for r in rows if r["h"] == h and r["t"] == t and r["kernel"].startswith("tma") and r["knobs"] and "best" in r]
     mine.sort(key=lambda r: r["best"])

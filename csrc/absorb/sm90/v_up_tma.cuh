@@ -69,12 +69,11 @@ struct TmaVUpParams {
   CUtensorMap x_map;  // x as [T][H][512] bf16, box [BM][1][64]
   CUtensorMap w_map;  // bf16 weights as [H * 128][512], box [128][64] (unused for e4m3)
   AbsorbParams p;
-  // EXPERIMENT (MLA_EXT_VUP_TMA_KNOBS): the producer's schedule of the resident-weight kernel.
-  int first_ahead = 0;  // pieces of the first tile (weight + x) in flight ahead of the consumers
-  int later_ahead = 0;  // pieces of later tiles (x only) in flight
-  int w_upfront = 0;    // 1: all 8 bf16 weight tiles before the first x piece (the old schedule)
-  int rotate = 0;       // 1: head h walks the k pieces from h % 8 on
-  int hint = 0;         // 1: x and weight loads with an L2 evict_first policy
+  // The resident-weight kernel's producer schedule (TmaVUpSchedule, set by the launcher):
+  int first_ahead = 0;   // pieces of the first tile in flight ahead of the consumers (<= kStages)
+  int later_ahead = 0;   // pieces of later tiles in flight (<= kStages)
+  int pace_weight = 0;   // 1: bf16 weight tile kc goes out with the first tile's piece kc only;
+                         // 0: the rest of the weight right behind the first first_ahead pieces
 };
 
 // Lane q of a quad holds bf16 pairs a[i] = columns 8 (4 j + i) + 2 q, +1 of one row (i = 0..3);
@@ -159,39 +158,34 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_kernel(const __grid
   }
   __syncthreads();
 
-  const int rot = args.rotate ? h % kChunks : 0;  // the k piece a tile starts with
   if (warp == 4 * Cfg::kConsumers) {
     // ---- producer warp: one lane issues every load
     if (lane == 0 && total_steps > 0) {
-      const uint64_t policy = l2_evict_first_policy();
       auto load_w = [&](int kc) {
         mbar_arrive_expect_tx(w_bar + 8 * kc, Cfg::kWChunkBytes);
-        if (args.hint)
-          tma_load_2d_hint(smem_w + kc * Cfg::kWChunkBytes, &args.w_map, w_bar + 8 * kc, kc * BK, h * N, policy);
-        else
-          tma_load_2d(smem_w + kc * Cfg::kWChunkBytes, &args.w_map, w_bar + 8 * kc, kc * BK, h * N);
+        tma_load_2d(smem_w + kc * Cfg::kWChunkBytes, &args.w_map, w_bar + 8 * kc, kc * BK, h * N);
       };
-      if (!Cfg::kFp8 && args.w_upfront)
-        for (int kc = 0; kc < kChunks; ++kc) load_w(kc);
+      int w_next = 0;   // the next bf16 weight tile to load
       int waited = -1;  // pieces up to this one are known to be consumed
 #pragma unroll 1
       for (int step = 0; step < total_steps; ++step) {
-        const int stage = step % kStages, kc = (step + rot) % kChunks;
+        const int stage = step % kStages, kc = step % kChunks;
         const int tile = m_split + (step / kChunks) * m_splits;
-        // Piece `step` goes out once piece step - ahead is consumed (ahead <= kStages, so its
-        // stage is free too, and that piece's barrier phase cannot have been overtaken).
-        const bool first = !Cfg::kFp8 && step < kChunks;
-        const int q = step - (first ? args.first_ahead : args.later_ahead);
-        if (q > waited) {
-          mbar_wait(empty_bar + 8 * (q % kStages), (q / kStages) & 1);
-          waited = q;
+        // Piece `step` goes out once piece step - ahead has been consumed. ahead <= kStages, so
+        // its stage is free then too, and the awaited phase of that piece's "empty" barrier
+        // cannot have been overtaken by a later one (which would make the parity wait hang).
+        const int ahead = !Cfg::kFp8 && step < kChunks ? args.first_ahead : args.later_ahead;
+        if (step - ahead > waited) {
+          waited = step - ahead;
+          mbar_wait(empty_bar + 8 * (waited % kStages), (waited / kStages) & 1);
         }
-        if (first && !args.w_upfront) load_w(kc);
+        if (!Cfg::kFp8 && w_next == step && w_next < kChunks) load_w(w_next++);  // with its piece
         mbar_arrive_expect_tx(full_bar + 8 * stage, Cfg::kABytes);
-        if (args.hint)
-          tma_load_3d_hint(smem_a + stage * Cfg::kABytes, &args.x_map, full_bar + 8 * stage, kc * BK, h, tile * BM, policy);
-        else
-          tma_load_3d(smem_a + stage * Cfg::kABytes, &args.x_map, full_bar + 8 * stage, kc * BK, h, tile * BM);
+        tma_load_3d(smem_a + stage * Cfg::kABytes, &args.x_map, full_bar + 8 * stage, kc * BK, h, tile * BM);
+        // unpaced: the rest of the weight right behind the first round of pieces, all requested
+        // before the first wait (what small T waits for)
+        if (!Cfg::kFp8 && !args.pace_weight && (step + 1 == ahead || step + 1 == total_steps))
+          while (w_next < kChunks) load_w(w_next++);
       }
     }
     return;
@@ -214,8 +208,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_kernel(const __grid
     // The 8 pieces of a tile unrolled: straight-line code lets the compiler see that the
     // accumulators are read only after the final wait (else it inserts waits of its own).
 #pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      const int step = i * kChunks + j, stage = step % kStages, kc = (j + rot) % kChunks;
+    for (int kc = 0; kc < kChunks; ++kc) {
+      const int step = i * kChunks + kc, stage = step % kStages;
       if (!Cfg::kFp8 && i == 0) mbar_wait(w_bar + 8 * kc, 0);
       mbar_wait(full_bar + 8 * stage, (step / kStages) & 1);
       const uint32_t a_stage = smem_a + stage * Cfg::kABytes + wg * (64 * 128);
@@ -223,11 +217,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_kernel(const __grid
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk)
-        wgmma_m64n128k16_bf16(acc, kmajor_sw128_desc(a_stage + kk * 32), kmajor_sw128_desc(w_tile + kk * 32), j > 0 || kk > 0);
+        wgmma_m64n128k16_bf16(acc, kmajor_sw128_desc(a_stage + kk * 32), kmajor_sw128_desc(w_tile + kk * 32), kc > 0 || kk > 0);
       wgmma_commit();
       // every group but this one is done: the previous piece's stage can be refilled
       wgmma_wait<1>();
-      if (j > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((step - 1) % kStages));
+      if (kc > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((step - 1) % kStages));
     }
     wgmma_wait<0>();
 #pragma unroll
@@ -247,7 +241,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_kernel(const __grid
 // where the driver refuses one (strides TMA cannot express).
 template <int kBM, int kBN = kVHeadDim>
 bool make_v_up_tensor_maps(const AbsorbParams& p, bool fp8, CUtensorMap* x_map, CUtensorMap* w_map,
-                           CUtensorMapL2promotion x_promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
+                           CUtensorMapL2promotion x_promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                           CUtensorMapL2promotion w_promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
   constexpr int K = kKvLoraRank, N = kVHeadDim, BK = 64;
   // Strides of size-1 dims are arbitrary in torch; give the tensor map valid ones.
   const int64_t stride_head = p.num_heads > 1 ? p.stride_a_head : K;
@@ -261,17 +256,17 @@ bool make_v_up_tensor_maps(const AbsorbParams& p, bool fp8, CUtensorMap* x_map, 
     const uint64_t w_dims[2] = {uint64_t(K), uint64_t(p.num_heads) * N};
     const uint64_t w_strides[1] = {uint64_t(K) * 2};
     const uint32_t w_box[2] = {uint32_t(BK), uint32_t(kBN)};
-    if (!sm90::make_bf16_tensor_map(w_map, p.w, 2, w_dims, w_strides, w_box)) return false;
+    if (!sm90::make_bf16_tensor_map(w_map, p.w, 2, w_dims, w_strides, w_box, w_promotion)) return false;
   }
   return true;
 }
 
 // Returns false (launching nothing) where the driver refuses a tensor map, e.g. for strides TMA
 // cannot express; the caller then runs another kernel.
-// EXPERIMENT: MLA_EXT_VUP_TMA_KNOBS="first=3,later=6,wup=0,rot=1,hint=1,promo=256" (any subset;
-// defaults: the old schedule).
+// EXPERIMENT (device run 2 only, removed afterwards): MLA_EXT_VUP_TMA_KNOBS="first=4,later=12,
+// pace=1,promo=128,wpromo=128" (any subset) overrides the schedule and the L2 promotions.
 struct TmaKnobs {
-  int first = -1, later = -1, wup = 1, rot = 0, hint = 0, promo = 256;
+  int first = -1, later = -1, pace = -1, promo = -1, wpromo = -1;
 };
 inline TmaKnobs tma_knobs_from_env() {
   TmaKnobs k;
@@ -289,30 +284,43 @@ inline TmaKnobs tma_knobs_from_env() {
     const int v = std::stoi(item.substr(eq + 1));
     if (key == "first") k.first = v;
     else if (key == "later") k.later = v;
-    else if (key == "wup") k.wup = v;
-    else if (key == "rot") k.rot = v;
-    else if (key == "hint") k.hint = v;
+    else if (key == "pace") k.pace = v;
     else if (key == "promo") k.promo = v;
+    else if (key == "wpromo") k.wpromo = v;
     else MLA_HOST_CHECK(false, "MLA_EXT_VUP_TMA_KNOBS: unknown key " + key);
     pos = end + 1;
   }
   return k;
 }
+inline CUtensorMapL2promotion promotion_of(int bytes, CUtensorMapL2promotion otherwise) {
+  return bytes == 0 ? CU_TENSOR_MAP_L2_PROMOTION_NONE : bytes == 64 ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+         : bytes == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B : bytes == 256 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+                        : otherwise;
+}
+// END EXPERIMENT
 
 template <class Cfg>
-bool launch_v_up_tma(const AbsorbParams& p) {
+bool launch_v_up_tma(const AbsorbParams& p, TmaVUpSchedule schedule) {
   TmaVUpParams args{};
   args.p = p;
-  const TmaKnobs k = tma_knobs_from_env();
-  auto clamp_ahead = [](int v) { return v < 1 || v > Cfg::kStages ? Cfg::kStages : v; };
-  args.first_ahead = clamp_ahead(k.first);
-  args.later_ahead = clamp_ahead(k.later);
-  args.w_upfront = k.wup, args.rotate = k.rot, args.hint = k.hint;
-  const CUtensorMapL2promotion promo = k.promo == 0     ? CU_TENSOR_MAP_L2_PROMOTION_NONE
-                                       : k.promo == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
-                                       : k.promo == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
-                                                        : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
-  if (!make_v_up_tensor_maps<Cfg::BM>(p, Cfg::kFp8, &args.x_map, &args.w_map, promo)) return false;
+  // kPaced (absorb_gemm.h has the why): the first tile's weight tiles go out with its pieces, at
+  // most 4 pieces ahead, x and weight with 128-byte L2 promotion; kDefault: the whole weight with
+  // the first round of pieces, kStages pieces ahead, 256-byte promotion.
+  const bool paced = schedule == TmaVUpSchedule::kPaced;
+  args.pace_weight = paced;
+  args.first_ahead = paced ? 4 : Cfg::kStages;
+  args.later_ahead = Cfg::kStages;
+  CUtensorMapL2promotion x_promotion = paced ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+  CUtensorMapL2promotion w_promotion = x_promotion;
+  {  // EXPERIMENT
+    const TmaKnobs k = tma_knobs_from_env();
+    if (k.first >= 1 && k.first <= Cfg::kStages) args.first_ahead = k.first;
+    if (k.later >= 1 && k.later <= Cfg::kStages) args.later_ahead = k.later;
+    if (k.pace >= 0) args.pace_weight = k.pace;
+    x_promotion = promotion_of(k.promo, x_promotion);
+    w_promotion = promotion_of(k.wpromo, w_promotion);
+  }
+  if (!make_v_up_tensor_maps<Cfg::BM>(p, Cfg::kFp8, &args.x_map, &args.w_map, x_promotion, w_promotion)) return false;
   auto kernel = v_up_tma_kernel<Cfg>;
   opt_in_smem_once<Cfg>(reinterpret_cast<const void*>(kernel), p.device);
   const int64_t num_tiles = (p.num_tokens + Cfg::BM - 1) / Cfg::BM;
@@ -328,8 +336,8 @@ bool launch_v_up_tma(const AbsorbParams& p) {
 }
 
 template <bool kFp8, int kBM>
-bool run_v_up_tma(const AbsorbParams& p) {
-  return launch_v_up_tma<TmaVUpConfig<kFp8, kBM / 64>>(p);
+bool run_v_up_tma(const AbsorbParams& p, TmaVUpSchedule schedule) {
+  return launch_v_up_tma<TmaVUpConfig<kFp8, kBM / 64>>(p, schedule);
 }
 
 // ---- v_up with the weights streamed next to x (bf16 weights; absorb.cu: T = 17-256 at H < 96,
@@ -457,7 +465,11 @@ template <class Cfg>
 bool launch_v_up_tma_stream(const AbsorbParams& p) {
   TmaVUpParams args{};
   args.p = p;
-  if (!make_v_up_tensor_maps<Cfg::BM, Cfg::BN>(p, false, &args.x_map, &args.w_map)) return false;
+  const TmaKnobs k = tma_knobs_from_env();  // EXPERIMENT
+  if (!make_v_up_tensor_maps<Cfg::BM, Cfg::BN>(p, false, &args.x_map, &args.w_map,
+                                               promotion_of(k.promo, CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
+                                               promotion_of(k.wpromo, CU_TENSOR_MAP_L2_PROMOTION_L2_256B)))
+    return false;
   auto kernel = v_up_tma_stream_kernel<Cfg>;
   opt_in_smem_once<Cfg>(reinterpret_cast<const void*>(kernel), p.device);
   // One tile per CTA (the dispatch takes this kernel where that is at most one wave).
