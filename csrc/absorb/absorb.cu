@@ -49,8 +49,8 @@ void run_tiers(const AbsorbParams& p) {
 //            T = 512, then the tiles.
 //   H >= 96: T <= 32 the tiles (one CTA per head, all of K in flight); on sm90 T <= 64 TMA
 //            64 x 128 tiles, T <= 128 the cp.async wgmma kernel, T <= 256 TMA 64 x 128 tiles
-//            with the paced schedule (bf16 weights; e4m3: the wgmma kernel), beyond TMA
-//            128 x 128 tiles; elsewhere (sm100, MLA_EXT_FORCE_PORTABLE=1) the tiles.
+//            with the paced schedule (bf16 weights; e4m3 weights TMA 128 x 128 tiles), beyond
+//            TMA 128 x 128 tiles; elsewhere (sm100, MLA_EXT_FORCE_PORTABLE=1) the tiles.
 enum class VUpKernel { kKSplit, kWgmma, kTma128, kTma64, kTiles, kTmaStream };
 
 struct VUpChoice {
@@ -94,8 +94,8 @@ VUpChoice pick_v_up_kernel(const AbsorbParams& p) {
   }
   if (t <= 32 || !sm90) return {VUpKernel::kTiles};
   if (t <= 64) return {VUpKernel::kTma64};
-  if (t <= 128 || (t <= 256 && !bf16)) return {VUpKernel::kWgmma};
-  if (t <= 256) return {VUpKernel::kTma64, 0, absorb::TmaVUpSchedule::kPaced};
+  if (t <= 128) return {VUpKernel::kWgmma};
+  if (t <= 256 && bf16) return {VUpKernel::kTma64, 0, absorb::TmaVUpSchedule::kPaced};
   return {VUpKernel::kTma128};
 }
 

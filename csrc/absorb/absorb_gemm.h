@@ -92,15 +92,12 @@ void run_v_up_wgmma(const AbsorbParams& params);
 // TMA producer warp + wgmma consumer warpgroups on sm90a, kBM (64 or 128) x 128 tiles
 // (sm90/v_up_tma.cuh). Returns false, launching nothing, where the driver refuses the tensor maps.
 // The producer's schedule:
-//   kDefault: all 8 bf16 weight tiles requested with the first round of x pieces, x pieces
-//             kStages ahead, 256-byte L2 promotion (each 128-byte row of a piece also brings the
-//             next piece's 128 bytes into L2).
+//   kDefault: all 8 bf16 weight tiles requested with the first round of x pieces (kStages of
+//             them, before the first wait), x pieces kStages ahead.
 //   kPaced:   weight tile kc requested with the first tile's piece kc, at most 4 pieces of the
-//             first tile ahead, x and weight with 128-byte L2 promotion (the 128 bytes a row of a
-//             piece needs). Measured (H200, H = 128, T = 256, 64-row tiles, 128-byte promotion
-//             of x only): 18.56-18.74 us against kDefault's 19.25 (128-row tiles 19.22-19.34),
-//             torch.bmm 18.53-18.69; most of it is the promotion (Nsight Compute: L2 traffic
-//             114 -> 97 MB for the 50.4 MB read from DRAM; torch.bmm's kernel: 89 MB).
+//             first tile ahead; later tiles as kDefault. Measured (H200, H = 128, T = 256, 64-row
+//             tiles, same run, 5 x median of 50): 18.82-19.14 us against kDefault's 19.14-19.28
+//             (torch.bmm 18.29-18.59); e4m3 weights (dequantised, no weight loads) are unaffected.
 enum class TmaVUpSchedule { kDefault, kPaced };
 template <bool kFp8, int kBM>
 bool run_v_up_tma(const AbsorbParams& params, TmaVUpSchedule schedule = TmaVUpSchedule::kDefault);

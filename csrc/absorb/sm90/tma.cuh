@@ -60,30 +60,13 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-// The same with an L2 cache policy (createpolicy), e.g. evict_first for data read once.
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-__device__ __forceinline__ void tma_load_2d_hint(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
-                                                 uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "l"(policy)
-      : "memory");
-}
-__device__ __forceinline__ void tma_load_3d_hint(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
-                                                 uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "l"(policy)
-      : "memory");
-}
-
 // ---- host: tensor maps of bf16 tensors in the 128-byte swizzle (boxes of 64 elements = 128 bytes
-// innermost, the layout kmajor_sw128_desc describes). The driver entry point is looked up once
-// through the runtime, so the library needs no -lcuda.
+// innermost, the layout kmajor_sw128_desc describes), with 128-byte L2 promotion: each box row
+// is one 128-byte request. 256-byte promotion (which also brings the next 128 bytes of a row, the
+// next k piece, into L2) raised the L2 traffic of v_up at H = 128, T = 256 from 97 to 114 MB
+// for the same 50.4 MB read from DRAM (Nsight Compute, H200) and was 0.4-1.5 us slower at
+// H = 128, T = 64-1024 (absorb/README.md). The driver entry point is looked up once through the
+// runtime, so the library needs no -lcuda.
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* f = nullptr;
@@ -98,15 +81,14 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // A rank-`rank` bf16 tensor: dims and boxes innermost first, byte strides of dims 1.. (multiples
 // of 16). Returns false where the driver refuses it (the caller then takes another kernel).
 inline bool make_bf16_tensor_map(CUtensorMap* map, const void* base, int rank, const uint64_t* dims,
-                                 const uint64_t* byte_strides, const uint32_t* box,
-                                 CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
+                                 const uint64_t* byte_strides, const uint32_t* box) {
   const auto encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank), const_cast<void*>(base),
                 reinterpret_cast<const cuuint64_t*>(dims), reinterpret_cast<const cuuint64_t*>(byte_strides),
                 reinterpret_cast<const cuuint32_t*>(box), elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, promotion,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 

@@ -6,9 +6,13 @@
 // Grid = (m_splits, H): one wave, m_splits = min(tiles, max(1, num_SMs / H)); CTA (z, h) owns head
 // h and the BM-row tiles z, z + m_splits, ... Threads: BM / 64 consumer warpgroups (warpgroup g
 // computes rows [64 g, 64 g + 64) of a tile over all N = 128 columns), then one producer warp.
-//   producer (one lane): bf16 weights first, as 8 TMA loads of [128 n, 64 k] tiles, each on its own
-//     barrier; then for every piece, wait until its stage is empty, announce the bytes on the
-//     stage's "full" barrier and issue the TMA load of x[tile rows, h, 64 k].
+//   producer (one lane): bf16 weights as 8 TMA loads of [128 n, 64 k] tiles, each on its own
+//     barrier, tile kc with the first tile's piece kc (schedules below); for every piece, wait
+//     until the piece `ahead` before it has been consumed (which frees its stage), announce the
+//     bytes on the stage's "full" barrier and issue the TMA load of x[tile rows, h, 64 k].
+//     Schedules (TmaVUpSchedule, absorb_gemm.h): kDefault requests the rest of the weight right
+//     behind the first kStages pieces (all before the first wait; what small T waits for);
+//     kPaced keeps the first tile to 4 pieces (weight + x) ahead, the weight riding with them.
 //   consumers: e4m3 weights are first dequantised into the weight tiles by the consumer threads
 //     (never to global memory) while the producer already streams x; then per piece: wait "full",
 //     4 wgmma m64n128k16 (both operands from shared memory), keep one wgmma group in flight and
@@ -22,15 +26,15 @@
 // tiles (one consumer warpgroup, 12 stages of 8 KiB) give a few heads' short inputs more CTAs.
 // Measured and not kept (H200, README.md): N split over 2 CTAs (BN = 64; 1 CTA per SM with 10
 // stages, or 2 per SM with 4), and bf16 weights by cp.async from the consumers instead of TMA:
-// each lost at most sizes to the shapes here or to the other kernels.
+// each lost at most sizes to the shapes here or to the other kernels; at H = 128, T = 256 the k
+// pieces walked from h % 8 on (so that the heads' requests spread over the DRAM pages) and L2
+// evict_first policies on the loads were 0.1-0.7 us slower.
 #pragma once
 
 #include <cuda.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 
 #include "absorb/absorb.h"
 #include "absorb/absorb_common.cuh"
@@ -69,11 +73,12 @@ struct TmaVUpParams {
   CUtensorMap x_map;  // x as [T][H][512] bf16, box [BM][1][64]
   CUtensorMap w_map;  // bf16 weights as [H * 128][512], box [128][64] (unused for e4m3)
   AbsorbParams p;
-  // The resident-weight kernel's producer schedule (TmaVUpSchedule, set by the launcher):
-  int first_ahead = 0;   // pieces of the first tile in flight ahead of the consumers (<= kStages)
-  int later_ahead = 0;   // pieces of later tiles in flight (<= kStages)
-  int pace_weight = 0;   // 1: bf16 weight tile kc goes out with the first tile's piece kc only;
-                         // 0: the rest of the weight right behind the first first_ahead pieces
+  // The resident-weight kernel's producer schedule (TmaVUpSchedule, set by the launcher; the
+  // streamed-weight kernel ignores it):
+  int first_ahead = 0;  // bf16 weights: pieces of the first tile in flight ahead of the consumers
+  int later_ahead = 0;  // pieces of later tiles (and of all tiles with e4m3 weights) in flight
+  int pace_weight = 0;  // 1: bf16 weight tile kc goes out with the first tile's piece kc only;
+                        // 0: the rest of the weight right behind the first first_ahead pieces
 };
 
 // Lane q of a quad holds bf16 pairs a[i] = columns 8 (4 j + i) + 2 q, +1 of one row (i = 0..3);
@@ -240,9 +245,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_kernel(const __grid
 // [kBM rows][1 head][64 k]; bf16 weights as [H * 128][512], box [kBN n][64 k]. Returns false
 // where the driver refuses one (strides TMA cannot express).
 template <int kBM, int kBN = kVHeadDim>
-bool make_v_up_tensor_maps(const AbsorbParams& p, bool fp8, CUtensorMap* x_map, CUtensorMap* w_map,
-                           CUtensorMapL2promotion x_promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                           CUtensorMapL2promotion w_promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
+bool make_v_up_tensor_maps(const AbsorbParams& p, bool fp8, CUtensorMap* x_map, CUtensorMap* w_map) {
   constexpr int K = kKvLoraRank, N = kVHeadDim, BK = 64;
   // Strides of size-1 dims are arbitrary in torch; give the tensor map valid ones.
   const int64_t stride_head = p.num_heads > 1 ? p.stride_a_head : K;
@@ -250,77 +253,30 @@ bool make_v_up_tensor_maps(const AbsorbParams& p, bool fp8, CUtensorMap* x_map, 
   const uint64_t x_dims[3] = {uint64_t(K), uint64_t(p.num_heads), uint64_t(p.num_tokens)};
   const uint64_t x_strides[2] = {uint64_t(stride_head) * 2, uint64_t(stride_token) * 2};
   const uint32_t x_box[3] = {uint32_t(BK), 1, uint32_t(kBM)};
-  if (stride_head <= 0 || stride_token <= 0 || !sm90::make_bf16_tensor_map(x_map, p.a, 3, x_dims, x_strides, x_box, x_promotion))
+  if (stride_head <= 0 || stride_token <= 0 || !sm90::make_bf16_tensor_map(x_map, p.a, 3, x_dims, x_strides, x_box))
     return false;
   if (!fp8) {
     const uint64_t w_dims[2] = {uint64_t(K), uint64_t(p.num_heads) * N};
     const uint64_t w_strides[1] = {uint64_t(K) * 2};
     const uint32_t w_box[2] = {uint32_t(BK), uint32_t(kBN)};
-    if (!sm90::make_bf16_tensor_map(w_map, p.w, 2, w_dims, w_strides, w_box, w_promotion)) return false;
+    if (!sm90::make_bf16_tensor_map(w_map, p.w, 2, w_dims, w_strides, w_box)) return false;
   }
   return true;
 }
 
 // Returns false (launching nothing) where the driver refuses a tensor map, e.g. for strides TMA
 // cannot express; the caller then runs another kernel.
-// EXPERIMENT (device run 2 only, removed afterwards): MLA_EXT_VUP_TMA_KNOBS="first=4,later=12,
-// pace=1,promo=128,wpromo=128" (any subset) overrides the schedule and the L2 promotions.
-struct TmaKnobs {
-  int first = -1, later = -1, pace = -1, promo = -1, wpromo = -1;
-};
-inline TmaKnobs tma_knobs_from_env() {
-  TmaKnobs k;
-  const char* env = std::getenv("MLA_EXT_VUP_TMA_KNOBS");
-  if (env == nullptr) return k;
-  std::string s(env);
-  size_t pos = 0;
-  while (pos < s.size()) {
-    size_t end = s.find(',', pos);
-    if (end == std::string::npos) end = s.size();
-    const std::string item = s.substr(pos, end - pos);
-    const size_t eq = item.find('=');
-    MLA_HOST_CHECK(eq != std::string::npos, "MLA_EXT_VUP_TMA_KNOBS: expected key=value, got " + item);
-    const std::string key = item.substr(0, eq);
-    const int v = std::stoi(item.substr(eq + 1));
-    if (key == "first") k.first = v;
-    else if (key == "later") k.later = v;
-    else if (key == "pace") k.pace = v;
-    else if (key == "promo") k.promo = v;
-    else if (key == "wpromo") k.wpromo = v;
-    else MLA_HOST_CHECK(false, "MLA_EXT_VUP_TMA_KNOBS: unknown key " + key);
-    pos = end + 1;
-  }
-  return k;
-}
-inline CUtensorMapL2promotion promotion_of(int bytes, CUtensorMapL2promotion otherwise) {
-  return bytes == 0 ? CU_TENSOR_MAP_L2_PROMOTION_NONE : bytes == 64 ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
-         : bytes == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B : bytes == 256 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
-                        : otherwise;
-}
-// END EXPERIMENT
-
 template <class Cfg>
 bool launch_v_up_tma(const AbsorbParams& p, TmaVUpSchedule schedule) {
   TmaVUpParams args{};
   args.p = p;
   // kPaced (absorb_gemm.h has the why): the first tile's weight tiles go out with its pieces, at
-  // most 4 pieces ahead, x and weight with 128-byte L2 promotion; kDefault: the whole weight with
-  // the first round of pieces, kStages pieces ahead, 256-byte promotion.
+  // most 4 pieces ahead; kDefault: the whole weight with the first round of pieces.
   const bool paced = schedule == TmaVUpSchedule::kPaced;
   args.pace_weight = paced;
-  args.first_ahead = paced ? 4 : Cfg::kStages;
+  args.first_ahead = paced ? 4 : Cfg::kStages;  // both <= kStages, as the producer needs
   args.later_ahead = Cfg::kStages;
-  CUtensorMapL2promotion x_promotion = paced ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
-  CUtensorMapL2promotion w_promotion = x_promotion;
-  {  // EXPERIMENT
-    const TmaKnobs k = tma_knobs_from_env();
-    if (k.first >= 1 && k.first <= Cfg::kStages) args.first_ahead = k.first;
-    if (k.later >= 1 && k.later <= Cfg::kStages) args.later_ahead = k.later;
-    if (k.pace >= 0) args.pace_weight = k.pace;
-    x_promotion = promotion_of(k.promo, x_promotion);
-    w_promotion = promotion_of(k.wpromo, w_promotion);
-  }
-  if (!make_v_up_tensor_maps<Cfg::BM>(p, Cfg::kFp8, &args.x_map, &args.w_map, x_promotion, w_promotion)) return false;
+  if (!make_v_up_tensor_maps<Cfg::BM>(p, Cfg::kFp8, &args.x_map, &args.w_map)) return false;
   auto kernel = v_up_tma_kernel<Cfg>;
   opt_in_smem_once<Cfg>(reinterpret_cast<const void*>(kernel), p.device);
   const int64_t num_tiles = (p.num_tokens + Cfg::BM - 1) / Cfg::BM;
@@ -465,11 +421,7 @@ template <class Cfg>
 bool launch_v_up_tma_stream(const AbsorbParams& p) {
   TmaVUpParams args{};
   args.p = p;
-  const TmaKnobs k = tma_knobs_from_env();  // EXPERIMENT
-  if (!make_v_up_tensor_maps<Cfg::BM, Cfg::BN>(p, false, &args.x_map, &args.w_map,
-                                               promotion_of(k.promo, CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
-                                               promotion_of(k.wpromo, CU_TENSOR_MAP_L2_PROMOTION_L2_256B)))
-    return false;
+  if (!make_v_up_tensor_maps<Cfg::BM, Cfg::BN>(p, false, &args.x_map, &args.w_map)) return false;
   auto kernel = v_up_tma_stream_kernel<Cfg>;
   opt_in_smem_once<Cfg>(reinterpret_cast<const void*>(kernel), p.device);
   // One tile per CTA (the dispatch takes this kernel where that is at most one wave).
