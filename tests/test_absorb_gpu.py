@@ -64,9 +64,11 @@ def test_q_absorb(t, h, fp8):
 # BM (4097).
 V_UP_TOKENS = (1, 7, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 512, 513, 4096, 4097)
 # tmas* are the TMA kernel with streamed weights, BN by T and H or forced (e4m3 weights take the
-# resident-weight 64-row TMA kernel).
+# resident-weight 64-row TMA kernel); tma128p / tma64p the resident-weight TMA kernel with the
+# paced producer schedule (the automatic choice at H >= 96, T = 129-256, bf16 weights).
 STREAM_TILES = ("tmas:64x32", "tmas:64x64", "tmas:64x128")
-V_UP_KERNELS = ("auto", "portable", "ksplit", "wgmma", "tma128", "tma64", "tiles", "tmas") + STREAM_TILES
+PACED = ("tma128p", "tma64p")
+V_UP_KERNELS = ("auto", "portable", "ksplit", "wgmma", "tma128", "tma64", "tiles", "tmas") + STREAM_TILES + PACED
 SM90_ONLY = ("wgmma", "tma128", "tma64", "tmas")
 
 
@@ -96,7 +98,7 @@ def test_v_up(t, h, fp8, kernel, monkeypatch):
         assert_close(out, reference.v_up(x.float(), w_uv, scale), name=f"v_up T={t} H={h} vs fp32 weights", **FP32_W_TOL)
 
 
-@pytest.mark.parametrize("kernel", ("ksplit", "wgmma", "tma128", "tma64", "tiles", "tmas") + STREAM_TILES)
+@pytest.mark.parametrize("kernel", ("ksplit", "wgmma", "tma128", "tma64", "tiles", "tmas") + STREAM_TILES + PACED)
 def test_v_up_sanitizer_small(kernel, monkeypatch):
     """Small cases of each v_up kernel for compute-sanitizer (-k sanitizer): partial tiles, a
     head count that is no power of two, a padded out= buffer whose NaN must survive, and

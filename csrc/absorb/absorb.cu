@@ -36,6 +36,7 @@ void run_tiers(const AbsorbParams& p) {
 // v_up's kernels. MLA_EXT_VUP_KERNEL forces one (tests run every kernel at every size with it;
 // the benchmark's --sweep-v-up measures each at every size):
 //   ksplit, wgmma, tma128, tma64, tiles   (tiles: the tier by T)
+//   tma128p, tma64p       the resident-weight TMA kernel with the paced schedule (absorb_gemm.h)
 //   tmas                  the TMA kernel with streamed weights, BN by T and H as below
 //   tmas:64xBN            ... with BN = 32, 64 or 128. bf16 weights only: e4m3 weights take the
 //                         resident-weight 64-row TMA kernel.
@@ -47,27 +48,31 @@ void run_tiers(const AbsorbParams& p) {
 //            T <= 512 TMA 64 x 128 tiles, beyond TMA 128 x 128 tiles; elsewhere ksplit up to
 //            T = 512, then the tiles.
 //   H >= 96: T <= 32 the tiles (one CTA per head, all of K in flight); on sm90 T <= 64 TMA
-//            64 x 128 tiles, T <= 256 the cp.async wgmma kernel, beyond TMA 128 x 128 tiles;
-//            elsewhere (sm100, MLA_EXT_FORCE_PORTABLE=1) the tiles.
+//            64 x 128 tiles, T <= 128 the cp.async wgmma kernel, T <= 256 TMA 64 x 128 tiles
+//            with the paced schedule (bf16 weights; e4m3 weights TMA 128 x 128 tiles), beyond
+//            TMA 128 x 128 tiles; elsewhere (sm100, MLA_EXT_FORCE_PORTABLE=1) the tiles.
 enum class VUpKernel { kKSplit, kWgmma, kTma128, kTma64, kTiles, kTmaStream };
 
 struct VUpChoice {
   VUpKernel kernel;
   int stream_bn = 0;  // kTmaStream only: 32, 64, 128, or 0 for by T and H
+  absorb::TmaVUpSchedule schedule = absorb::TmaVUpSchedule::kDefault;  // kTma128, kTma64
 };
 
 VUpChoice forced_v_up_kernel(const std::string& name, const DeviceInfo& info) {
-  const bool sm90_only = name == "wgmma" || name == "tma128" || name == "tma64" || name.rfind("tmas", 0) == 0;
+  const bool sm90_only = name == "wgmma" || name.rfind("tma", 0) == 0;
   MLA_HOST_CHECK(!sm90_only || info.sm_version == 90, "MLA_EXT_VUP_KERNEL=" + name + " needs sm90");
   if (name == "ksplit") return {VUpKernel::kKSplit};
   if (name == "wgmma") return {VUpKernel::kWgmma};
   if (name == "tma128") return {VUpKernel::kTma128};
   if (name == "tma64") return {VUpKernel::kTma64};
+  if (name == "tma128p") return {VUpKernel::kTma128, 0, absorb::TmaVUpSchedule::kPaced};
+  if (name == "tma64p") return {VUpKernel::kTma64, 0, absorb::TmaVUpSchedule::kPaced};
   if (name == "tmas") return {VUpKernel::kTmaStream};
   for (int bn : {32, 64, 128})
     if (name == "tmas:64x" + std::to_string(bn)) return {VUpKernel::kTmaStream, bn};
-  MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, wgmma, tma128, tma64, tiles, tmas or "
-                                  "tmas:64x32 / tmas:64x64 / tmas:64x128, got " + name);
+  MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, wgmma, tma128, tma64, tiles, tmas, "
+                                  "tma128p, tma64p or tmas:64x32 / tmas:64x64 / tmas:64x128, got " + name);
   return {VUpKernel::kTiles};
 }
 
@@ -89,7 +94,9 @@ VUpChoice pick_v_up_kernel(const AbsorbParams& p) {
   }
   if (t <= 32 || !sm90) return {VUpKernel::kTiles};
   if (t <= 64) return {VUpKernel::kTma64};
-  return {t <= 256 ? VUpKernel::kWgmma : VUpKernel::kTma128};
+  if (t <= 128) return {VUpKernel::kWgmma};
+  if (t <= 256 && bf16) return {VUpKernel::kTma64, 0, absorb::TmaVUpSchedule::kPaced};
+  return {VUpKernel::kTma128};
 }
 
 // The streamed-weight kernel's BN when none was forced: 64-row tiles, BN for about one CTA per SM.
@@ -122,8 +129,8 @@ void tma_refused(const AbsorbParams& p) {
 }
 
 template <bool kFp8, int kBM>
-void run_tma_or_fallback(const AbsorbParams& p) {
-  if (!absorb::run_v_up_tma<kFp8, kBM>(p)) tma_refused<kFp8>(p);
+void run_tma_or_fallback(const AbsorbParams& p, absorb::TmaVUpSchedule schedule = absorb::TmaVUpSchedule::kDefault) {
+  if (!absorb::run_v_up_tma<kFp8, kBM>(p, schedule)) tma_refused<kFp8>(p);
 }
 
 // Streamed weights need bf16 weights (TMA); e4m3 weights take the resident-weight TMA kernel.
@@ -150,9 +157,9 @@ void run_v_up(const AbsorbParams& p) {
     case VUpKernel::kWgmma:
       return run_v_up_wgmma<kFp8>(p);
     case VUpKernel::kTma128:
-      return run_tma_or_fallback<kFp8, 128>(p);
+      return run_tma_or_fallback<kFp8, 128>(p, choice.schedule);
     case VUpKernel::kTma64:
-      return run_tma_or_fallback<kFp8, 64>(p);
+      return run_tma_or_fallback<kFp8, 64>(p, choice.schedule);
     case VUpKernel::kTiles:
       return run_tiers<AbsorbOp::kVUp, kFp8>(p);
     case VUpKernel::kTmaStream:

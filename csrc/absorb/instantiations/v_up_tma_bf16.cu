@@ -3,6 +3,6 @@
 #include "absorb/sm90/v_up_tma.cuh"
 
 namespace mla::absorb {
-template bool run_v_up_tma<false, 64>(const AbsorbParams&);
-template bool run_v_up_tma<false, 128>(const AbsorbParams&);
+template bool run_v_up_tma<false, 64>(const AbsorbParams&, TmaVUpSchedule);
+template bool run_v_up_tma<false, 128>(const AbsorbParams&, TmaVUpSchedule);
 }  // namespace mla::absorb

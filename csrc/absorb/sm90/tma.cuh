@@ -61,8 +61,12 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
 }
 
 // ---- host: tensor maps of bf16 tensors in the 128-byte swizzle (boxes of 64 elements = 128 bytes
-// innermost, the layout kmajor_sw128_desc describes). The driver entry point is looked up once
-// through the runtime, so the library needs no -lcuda.
+// innermost, the layout kmajor_sw128_desc describes), with 128-byte L2 promotion: each box row
+// is one 128-byte request. 256-byte promotion (which also brings the next 128 bytes of a row, the
+// next k piece, into L2) raised the L2 traffic of v_up at H = 128, T = 256 from 97 to 114 MB
+// for the same 50.4 MB read from DRAM (Nsight Compute, H200) and was 0.4-1.5 us slower at
+// H = 128, T = 64-1024 (absorb/README.md). The driver entry point is looked up once through the
+// runtime, so the library needs no -lcuda.
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* f = nullptr;
@@ -84,7 +88,7 @@ inline bool make_bf16_tensor_map(CUtensorMap* map, const void* base, int rank, c
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank), const_cast<void*>(base),
                 reinterpret_cast<const cuuint64_t*>(dims), reinterpret_cast<const cuuint64_t*>(byte_strides),
                 reinterpret_cast<const cuuint32_t*>(box), elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 

@@ -6,9 +6,13 @@
 // Grid = (m_splits, H): one wave, m_splits = min(tiles, max(1, num_SMs / H)); CTA (z, h) owns head
 // h and the BM-row tiles z, z + m_splits, ... Threads: BM / 64 consumer warpgroups (warpgroup g
 // computes rows [64 g, 64 g + 64) of a tile over all N = 128 columns), then one producer warp.
-//   producer (one lane): bf16 weights first, as 8 TMA loads of [128 n, 64 k] tiles, each on its own
-//     barrier; then for every piece, wait until its stage is empty, announce the bytes on the
-//     stage's "full" barrier and issue the TMA load of x[tile rows, h, 64 k].
+//   producer (one lane): bf16 weights as 8 TMA loads of [128 n, 64 k] tiles, each on its own
+//     barrier, tile kc with the first tile's piece kc (schedules below); for every piece, wait
+//     until the piece `ahead` before it has been consumed (which frees its stage), announce the
+//     bytes on the stage's "full" barrier and issue the TMA load of x[tile rows, h, 64 k].
+//     Schedules (TmaVUpSchedule, absorb_gemm.h): kDefault requests the rest of the weight right
+//     behind the first kStages pieces (all before the first wait; what small T waits for);
+//     kPaced keeps the first tile to 4 pieces (weight + x) ahead, the weight riding with them.
 //   consumers: e4m3 weights are first dequantised into the weight tiles by the consumer threads
 //     (never to global memory) while the producer already streams x; then per piece: wait "full",
 //     4 wgmma m64n128k16 (both operands from shared memory), keep one wgmma group in flight and
@@ -22,7 +26,9 @@
 // tiles (one consumer warpgroup, 12 stages of 8 KiB) give a few heads' short inputs more CTAs.
 // Measured and not kept (H200, README.md): N split over 2 CTAs (BN = 64; 1 CTA per SM with 10
 // stages, or 2 per SM with 4), and bf16 weights by cp.async from the consumers instead of TMA:
-// each lost at most sizes to the shapes here or to the other kernels.
+// each lost at most sizes to the shapes here or to the other kernels; at H = 128, T = 256 the k
+// pieces walked from h % 8 on (so that the heads' requests spread over the DRAM pages) and L2
+// evict_first policies on the loads were 0.1-0.7 us slower.
 #pragma once
 
 #include <cuda.h>
@@ -67,6 +73,12 @@ struct TmaVUpParams {
   CUtensorMap x_map;  // x as [T][H][512] bf16, box [BM][1][64]
   CUtensorMap w_map;  // bf16 weights as [H * 128][512], box [128][64] (unused for e4m3)
   AbsorbParams p;
+  // The resident-weight kernel's producer schedule (TmaVUpSchedule, set by the launcher; the
+  // streamed-weight kernel ignores it):
+  int first_ahead = 0;  // bf16 weights: pieces of the first tile in flight ahead of the consumers
+  int later_ahead = 0;  // pieces of later tiles (and of all tiles with e4m3 weights) in flight
+  int pace_weight = 0;  // 1: bf16 weight tile kc goes out with the first tile's piece kc only;
+                        // 0: the rest of the weight right behind the first first_ahead pieces
 };
 
 // Lane q of a quad holds bf16 pairs a[i] = columns 8 (4 j + i) + 2 q, +1 of one row (i = 0..3);
@@ -154,24 +166,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_kernel(const __grid
   if (warp == 4 * Cfg::kConsumers) {
     // ---- producer warp: one lane issues every load
     if (lane == 0 && total_steps > 0) {
-      auto load_piece = [&](int step) {
+      auto load_w = [&](int kc) {
+        mbar_arrive_expect_tx(w_bar + 8 * kc, Cfg::kWChunkBytes);
+        tma_load_2d(smem_w + kc * Cfg::kWChunkBytes, &args.w_map, w_bar + 8 * kc, kc * BK, h * N);
+      };
+      int w_next = 0;   // the next bf16 weight tile to load
+      int waited = -1;  // pieces up to this one are known to be consumed
+#pragma unroll 1
+      for (int step = 0; step < total_steps; ++step) {
         const int stage = step % kStages, kc = step % kChunks;
         const int tile = m_split + (step / kChunks) * m_splits;
-        if (step >= kStages) mbar_wait(empty_bar + 8 * stage, ((step / kStages) - 1) & 1);
+        // Piece `step` goes out once piece step - ahead has been consumed. ahead <= kStages, so
+        // its stage is free then too, and the awaited phase of that piece's "empty" barrier
+        // cannot have been overtaken by a later one (which would make the parity wait hang).
+        const int ahead = !Cfg::kFp8 && step < kChunks ? args.first_ahead : args.later_ahead;
+        if (step - ahead > waited) {
+          waited = step - ahead;
+          mbar_wait(empty_bar + 8 * (waited % kStages), (waited / kStages) & 1);
+        }
+        if (!Cfg::kFp8 && w_next == step && w_next < kChunks) load_w(w_next++);  // with its piece
         mbar_arrive_expect_tx(full_bar + 8 * stage, Cfg::kABytes);
         tma_load_3d(smem_a + stage * Cfg::kABytes, &args.x_map, full_bar + 8 * stage, kc * BK, h, tile * BM);
-      };
-      // First every bf16 weight tile, each followed by the piece of x that needs it while stages
-      // are free, so that the whole first round is in flight at once (what small T waits for).
-      int step = 0;
-      for (int kc = 0; kc < kChunks; ++kc) {
-        if constexpr (!Cfg::kFp8) {
-          mbar_arrive_expect_tx(w_bar + 8 * kc, Cfg::kWChunkBytes);
-          tma_load_2d(smem_w + kc * Cfg::kWChunkBytes, &args.w_map, w_bar + 8 * kc, kc * BK, h * N);
-        }
-        if (step < kStages && step < total_steps) load_piece(step++);
+        // unpaced: the rest of the weight right behind the first round of pieces, all requested
+        // before the first wait (what small T waits for)
+        if (!Cfg::kFp8 && !args.pace_weight && (step + 1 == ahead || step + 1 == total_steps))
+          while (w_next < kChunks) load_w(w_next++);
       }
-      for (; step < total_steps; ++step) load_piece(step);
     }
     return;
   }
@@ -247,9 +267,15 @@ bool make_v_up_tensor_maps(const AbsorbParams& p, bool fp8, CUtensorMap* x_map, 
 // Returns false (launching nothing) where the driver refuses a tensor map, e.g. for strides TMA
 // cannot express; the caller then runs another kernel.
 template <class Cfg>
-bool launch_v_up_tma(const AbsorbParams& p) {
+bool launch_v_up_tma(const AbsorbParams& p, TmaVUpSchedule schedule) {
   TmaVUpParams args{};
   args.p = p;
+  // kPaced (absorb_gemm.h has the why): the first tile's weight tiles go out with its pieces, at
+  // most 4 pieces ahead; kDefault: the whole weight with the first round of pieces.
+  const bool paced = schedule == TmaVUpSchedule::kPaced;
+  args.pace_weight = paced;
+  args.first_ahead = paced ? 4 : Cfg::kStages;  // both <= kStages, as the producer needs
+  args.later_ahead = Cfg::kStages;
   if (!make_v_up_tensor_maps<Cfg::BM>(p, Cfg::kFp8, &args.x_map, &args.w_map)) return false;
   auto kernel = v_up_tma_kernel<Cfg>;
   opt_in_smem_once<Cfg>(reinterpret_cast<const void*>(kernel), p.device);
@@ -266,8 +292,8 @@ bool launch_v_up_tma(const AbsorbParams& p) {
 }
 
 template <bool kFp8, int kBM>
-bool run_v_up_tma(const AbsorbParams& p) {
-  return launch_v_up_tma<TmaVUpConfig<kFp8, kBM / 64>>(p);
+bool run_v_up_tma(const AbsorbParams& p, TmaVUpSchedule schedule) {
+  return launch_v_up_tma<TmaVUpConfig<kFp8, kBM / 64>>(p, schedule);
 }
 
 // ---- v_up with the weights streamed next to x (bf16 weights; absorb.cu: T = 17-256 at H < 96,
