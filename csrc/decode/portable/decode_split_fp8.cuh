@@ -479,26 +479,29 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         // accumulator each: fp8_ds_mla scales them per key; e4m3 MMAs also keep fewer bits of a
         // long running sum) and rope k-steps 2 wg, 2 wg + 1; columns 0-15 hi terms, 16-31 lo.
         const int wg = warp / 4, w4 = warp % 4;
+        // Descriptors (low words) of this warpgroup's first dim block in the K tile and in q; the
+        // other k-steps and blocks are constant byte offsets (/ 16) from them.
+        constexpr uint32_t kQBlock = 32 * 128;
         const uint32_t qb = smem_addr(smem + C::kOffQFrag);
+        const uint32_t dk = sm90::kmajor_sw128_desc_lo(kbase + 2 * wg * C::kBlockStride);
+        const uint32_t dq = sm90::kmajor_sw128_desc_lo(qb + 2 * wg * kQBlock);
         float acc[2][16];
         float acc_pe[8];  // fp8_ds_mla: the bf16 rope dims
         sm90::wgmma_fence();
 #pragma unroll
-        for (int bb = 0; bb < 2; ++bb) {
-          const int blk = 2 * wg + bb;
+        for (int bb = 0; bb < 2; ++bb)
 #pragma unroll
           for (int ks = 0; ks < 4; ++ks)
-            sm90::wgmma_m64n32k32_e4m3(acc[bb], sm90::kmajor_sw128_desc(kbase + blk * C::kBlockStride + 32 * ks),
-                                       sm90::kmajor_sw128_desc(qb + blk * 32 * 128 + 32 * ks), ks > 0);
-        }
+            sm90::wgmma_m64n32k32_e4m3(acc[bb], dk + (bb * C::kBlockStride + 32 * ks) / 16, dq + (bb * kQBlock + 32 * ks) / 16, ks > 0);
+        // Rope dims: block 4.
+        const uint32_t dk_pe = sm90::kmajor_sw128_desc_lo(kbase + 4 * C::kBlockStride);
+        const uint32_t dq_pe = sm90::kmajor_sw128_desc_lo(qb + 4 * kQBlock);
         if constexpr (C::kDsMla) {
 #pragma unroll
           for (int ks = 0; ks < 2; ++ks)
-            sm90::wgmma_m64n16k16_bf16(acc_pe, sm90::kmajor_sw128_desc(kbase + 4 * C::kBlockStride + 32 * (2 * wg + ks)),
-                                       sm90::kmajor_sw128_desc(qb + 4 * 32 * 128 + 32 * (2 * wg + ks)), ks > 0);
+            sm90::wgmma_m64n16k16_bf16(acc_pe, dk_pe + 2 * (2 * wg + ks), dq_pe + 2 * (2 * wg + ks), ks > 0);
         } else {  // e4m3 rope dims 512 + 32 wg ..
-          sm90::wgmma_m64n32k32_e4m3(acc[1], sm90::kmajor_sw128_desc(kbase + 4 * C::kBlockStride + 32 * wg),
-                                     sm90::kmajor_sw128_desc(qb + 4 * 32 * 128 + 32 * wg), true);
+          sm90::wgmma_m64n32k32_e4m3(acc[1], dk_pe + 2 * wg, dq_pe + 2 * wg, true);
         }
         sm90::wgmma_commit();
         after_qk_issue();

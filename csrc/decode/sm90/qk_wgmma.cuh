@@ -11,27 +11,40 @@
 
 namespace mla::sm90 {
 
+// Descriptors as their low 32 bits: the high word of kmajor_sw128_desc is the same constant
+// for every tile (stride 1024 bytes, 128-byte swizzle), and passed as an immediate it stays a
+// uniform constant; the low word (start address >> 4, leading offset 1) moves with k-steps and
+// dim blocks by plain 32-bit adds (shared addresses stay below 2^18, so no carry).
+// (Built from scratch for each wgmma, a descriptor pair cost ~12 instructions, ~140 per tile.)
+__device__ __forceinline__ uint32_t kmajor_sw128_desc_lo(uint32_t smem_byte_addr) {
+  return ((smem_byte_addr & 0x3FFFF) >> 4) | (1u << 16);
+}
+inline constexpr uint32_t kKmajorSw128DescHi = (1024 >> 4) | (1u << 30);
+
 // d[64 x 32] (+)= a[64 x 32] * b[32 x 32], e4m3 operands, both K-major in shared memory (fp8
 // wgmma has no transposed forms), fp32 accumulators: d[4 i + e] is row 16 (warp % 4) + lane / 4
-// + 8 (e / 2), column 8 i + 2 (lane % 4) + e % 2. accumulate = false overwrites d.
-__device__ __forceinline__ void wgmma_m64n32k32_e4m3(float (&d)[16], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+// + 8 (e / 2), column 8 i + 2 (lane % 4) + e % 2. accumulate = false overwrites d. Descriptors:
+// low words (kmajor_sw128_desc_lo + byte offset / 16).
+__device__ __forceinline__ void wgmma_m64n32k32_e4m3(float (&d)[16], uint32_t desc_a_lo, uint32_t desc_b_lo, bool accumulate) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "{\n.reg .pred p;\n.reg .b64 da, db;\nmov.b64 da, {%16, %18};\nmov.b64 db, {%17, %18};\n"
+      "setp.ne.b32 p, %19, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, da, db, p, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+      : "r"(desc_a_lo), "r"(desc_b_lo), "n"(kKmajorSw128DescHi), "r"(static_cast<int>(accumulate)));
 }
 
 // d[64 x 16] (+)= a[64 x 16] * b[16 x 16], bf16, both K-major in shared memory; d as above (i < 2).
-__device__ __forceinline__ void wgmma_m64n16k16_bf16(float (&d)[8], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+__device__ __forceinline__ void wgmma_m64n16k16_bf16(float (&d)[8], uint32_t desc_a_lo, uint32_t desc_b_lo, bool accumulate) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "{\n.reg .pred p;\n.reg .b64 da, db;\nmov.b64 da, {%8, %10};\nmov.b64 db, {%9, %10};\n"
+      "setp.ne.b32 p, %11, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, da, db, p, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+      : "r"(desc_a_lo), "r"(desc_b_lo), "n"(kKmajorSw128DescHi), "r"(static_cast<int>(accumulate)));
 }
 
 }  // namespace mla::sm90
