@@ -126,6 +126,57 @@ __device__ __forceinline__ float sink_factor(float lse, float sink) {
   return 1.f / (1.f + expf(sink - lse));
 }
 
+// fp8_ds_mla: q rows in place to q' = q 2^-e_r, fp16 for kv_c (the e4m3 operand type) and bf16
+// for q_pe; e_r puts max |q_r| in [2^14, 2^15), so q' equals q but for values 2^-28 below the
+// row's largest (fp16 subnormals). 2^e_r goes into the row's softmax scale (s_row_exp[r] = e_r).
+// Warp w takes rows w, w + kWarps, ...: the row's lanes find its exponent and convert it, no
+// barrier in between. addr(r, c) = byte offset of 16-byte chunk c (0..71) of row r in s_q (the
+// portable and the sm90 kernels lay Q out differently).
+template <int kM, int kWarps, typename Addr>
+__device__ __forceinline__ void normalise_q_rows(uint8_t* s_q, int* s_row_exp, int warp, int lane, Addr addr) {
+  constexpr int kChunks = kLatentDim / 8;
+  for (int r = warp; r < kM; r += kWarps) {
+    uint4 v[3];
+    float mx = 0.f;
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+      const int c = lane + 32 * j;
+      if (c < kChunks) {
+        v[j] = *reinterpret_cast<const uint4*>(s_q + addr(r, c));
+        const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 f = __bfloat1622float2(h[k]);
+          mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+      }
+    }
+#pragma unroll
+    for (int d = 16; d >= 1; d /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+    int e = 0;
+    if (mx > 0.f && mx <= 3.0e38f) {
+      frexpf(mx, &e);
+      e = max(e - 15, -120);  // mx 2^-e in [2^14, 2^15); 2^-e stays a normal float
+    }
+    const float f = e4m3::pow2(-e);
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+      const int c = lane + 32 * j;
+      if (c < kChunks) {
+        const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 x = __bfloat1622float2(h[k]);
+          w[k] = c < kKvLoraRank / 8 ? sm80::pack2<__half>(x.x * f, x.y * f) : sm80::pack2<__nv_bfloat16>(x.x * f, x.y * f);
+        }
+        *reinterpret_cast<uint4*>(s_q + addr(r, c)) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+    if (lane == 0) s_row_exp[r] = e;
+  }
+}
+
 template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     sparse_decode_portable_kernel(const __grid_constant__ SparseDecodeParams p) {
@@ -168,51 +219,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       sm80::cp_async16(sm80::smem_addr(s_q + swz<kChunks>(r, c)), src, ok);
     }
   };
-  // fp8_ds_mla: q rows in place to q' = q 2^-e_r, fp16 for kv_c (the e4m3 operand type) and bf16
-  // for q_pe; e_r puts max |q_r| in [2^14, 2^15), so q' equals q but for values 2^-28 below the
-  // row's largest (fp16 subnormals). 2^e_r goes into the row's softmax scale. Warp w takes rows
-  // w, w + 8, ...: the row's lanes find its exponent and convert it, no barrier in between.
+  // fp8_ds_mla: q rows in place to q' = q 2^-e_r (normalise_q_rows).
   auto prepare_q_fp16 = [&]() {
-    for (int r = warp; r < kM; r += Cfg::kWarps) {
-      uint4 v[3];
-      float mx = 0.f;
-#pragma unroll
-      for (int j = 0; j < 3; ++j) {
-        const int c = lane + 32 * j;
-        if (c < kChunks) {
-          v[j] = *reinterpret_cast<const uint4*>(s_q + swz<kChunks>(r, c));
-          const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const float2 f = __bfloat1622float2(h[k]);
-            mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
-          }
-        }
-      }
-#pragma unroll
-      for (int d = 16; d >= 1; d /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
-      int e = 0;
-      if (mx > 0.f && mx <= 3.0e38f) {
-        frexpf(mx, &e);
-        e = max(e - 15, -120);  // mx 2^-e in [2^14, 2^15); 2^-e stays a normal float
-      }
-      const float f = e4m3::pow2(-e);
-#pragma unroll
-      for (int j = 0; j < 3; ++j) {
-        const int c = lane + 32 * j;
-        if (c < kChunks) {
-          const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
-          uint32_t w[4];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const float2 x = __bfloat1622float2(h[k]);
-            w[k] = c < kKvLoraRank / 8 ? sm80::pack2<__half>(x.x * f, x.y * f) : sm80::pack2<__nv_bfloat16>(x.x * f, x.y * f);
-          }
-          *reinterpret_cast<uint4*>(s_q + swz<kChunks>(r, c)) = make_uint4(w[0], w[1], w[2], w[3]);
-        }
-      }
-      if (lane == 0) s_row_exp[r] = e;
-    }
+    normalise_q_rows<kM, Cfg::kWarps>(s_q, s_row_exp, warp, lane, [](int r, int c) { return swz<Cfg::kChunks>(r, c); });
   };
   // One tile of gathered rows: kRowThreads threads per row, each issues its row's chunks part,
   // part + kRowThreads, ... so one thread computes kRowThreads / 4 row addresses and keeps ~10-18

@@ -1,0 +1,403 @@
+// Sparse top-k MLA decode on sm90a: fp8_ds_mla cache, 64-head tiles, wgmma.
+//
+// Same contract, grid and gather as the portable 64-head kernel (csrc/sparse/README.md): one CTA
+// = one query token, 64 heads, one split of the top-k list; 256 threads; 64-key tiles gathered
+// by cp.async (8 threads per row) into one staging buffer, then dequantised e4m3 -> fp16 (exact,
+// no scale) into one K tile. What changes is the math, which the portable kernel runs as
+// mma.sync with ldmatrix of both operands per warp (Nsight Compute: issue-bound around shared
+// loads, ~430 KB of operand reads per tile):
+//
+//   S = Q K^T   warpgroup g (threads 128 g ..) takes the dims of scale tiles 2g, 2g + 1 and
+//               rope dims 32 g .. + 31 for all 64 heads x 64 keys: wgmma m64n64k16 with both
+//               operands in shared memory (read once per warpgroup by the hardware). Each
+//               scale tile accumulates on its own and is multiplied by its keys' fp32 scale
+//               (scales stay out of the operands, as in the portable kernel); rope (bf16) adds
+//               unscaled. The two warpgroups' partial S meet through shared memory (each thread
+//               reads the other warpgroup's value at its own position), so both then hold the
+//               full S and run the same softmax: a row's 64 keys sit in one quad of lanes, the
+//               row max needs two shuffles and no barrier.
+//   O += P V    warpgroup g owns output columns 256 g .. + 255 (value scale tiles 2g, 2g + 1),
+//               O in registers (2 x 64 fp32 per thread). A = P' = P scale[k, vt] / R_vt in fp16
+//               straight from the softmax registers (the accumulator layout is the A fragment
+//               layout), B = V read from the same fp16 K tile as an MN-major operand. R_vt is
+//               the running scale reference of the portable kernel (e4m3::update_scale_ref).
+//
+// Shared memory: Q and K as 9 blocks of [64 rows][64 dims] in the 128-byte swizzle (blocks 0-7
+// kv_c in fp16, block 8 rope in bf16), the staging rows, the partial S of both warpgroups.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "absorb/sm90/wgmma.cuh"
+#include "common/cuda_check.h"
+#include "common/e4m3.cuh"
+#include "common/sm80.cuh"
+#include "common/types.h"
+#include "sparse/portable/sparse_decode_portable.cuh"  // sink_factor, normalise_q_rows
+#include "sparse/sparse_decode.h"
+
+namespace mla::sparse {
+
+struct Sm90Fp8Config {
+  static constexpr int kM = 64;         // heads per CTA
+  static constexpr int kN = 64;         // keys per tile
+  static constexpr int kThreads = 256;  // 2 warpgroups
+  static constexpr int kRowThreads = 8;  // threads per gathered row (as the portable kernels)
+  static constexpr int kBlockBytes = 64 * 128;          // [64 rows][64 dims] 16-bit, one swizzle block
+  static constexpr int kTileBytes = 9 * kBlockBytes;    // 576 dims
+  static constexpr int kRawBytes = kN * kDsMlaRowBytes;  // one staging tile of 656-byte rows
+  static constexpr int kRedBytes = 2 * 32 * 128 * 4;    // partial S: [warpgroup][32 values][128 threads] fp32
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffK = kOffQ + kTileBytes;
+  static constexpr int kOffRaw = kOffK + kTileBytes;
+  static constexpr int kOffRed = kOffRaw + kRawBytes;
+  static constexpr int kOffScale = kOffRed + kRedBytes;  // [4 scale tiles][64 keys] fp32 of the K tile
+  static constexpr int kOffValid = kOffScale + 4 * kN * 4;  // [2][64] int: tiles alternate (gather of t + 1 during t)
+  static constexpr int kOffRowExp = kOffValid + 2 * kN * 4;  // [64] int: q row exponents
+  // + 1 KiB so that the base can be rounded up to the 1024 bytes the swizzle atoms need
+  static constexpr int kSmemBytes = kOffRowExp + kM * 4 + 1024;
+  static_assert(kOffK % 1024 == 0 && kOffRaw % 16 == 0 && kOffRed % 16 == 0, "alignment");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of sm90");
+};
+
+// Byte offset of 16-byte chunk c (8 dims, 0..71) of row r in a Q or K tile: block c / 8, row r
+// of 128 bytes, chunk c % 8 XOR-swizzled by r % 8 (what the wgmma descriptors' 128-byte swizzle
+// expects on 1024-byte aligned blocks).
+__device__ __forceinline__ uint32_t sw128_off(int r, int c) {
+  return static_cast<uint32_t>((c / 8) * Sm90Fp8Config::kBlockBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16));
+}
+
+__global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
+    sparse_decode_sm90_fp8_kernel(const __grid_constant__ SparseDecodeParams p) {
+#if MLA_SM90A
+  using Cfg = Sm90Fp8Config;
+  constexpr int kN = Cfg::kN;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = sm90::align_to_swizzle_atom(smem_raw);
+  uint8_t* s_q = smem + Cfg::kOffQ;
+  uint8_t* s_k = smem + Cfg::kOffK;
+  uint8_t* s_raw = smem + Cfg::kOffRaw;
+  float* s_red = reinterpret_cast<float*>(smem + Cfg::kOffRed);
+  float* s_scale = reinterpret_cast<float*>(smem + Cfg::kOffScale);
+  int* s_valid = reinterpret_cast<int*>(smem + Cfg::kOffValid);
+  int* s_row_exp = reinterpret_cast<int*>(smem + Cfg::kOffRowExp);
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wg = tid / 128, tid_wg = tid % 128, wq = warp % 4;  // warpgroup, warp within it
+  const int qd = lane % 4;
+  const int h0 = blockIdx.x * Cfg::kM;
+  const int split = blockIdx.y;
+  const int bs = blockIdx.z, b = bs / p.s_q, s = bs % p.s_q;
+
+  int num_keys = p.topk;
+  if (p.topk_length != nullptr) num_keys = min(num_keys, max(p.topk_length[b], 0));
+  const int total_tiles = (num_keys + kN - 1) / kN;
+  const int tile_begin = split * p.tiles_per_split;
+  const int num_tiles = max(0, min(total_tiles, tile_begin + p.tiles_per_split) - tile_begin);
+  const int32_t* idx_row = p.indices + b * p.stride_indices_b + s * p.stride_indices_s;
+  const uint8_t* cache = static_cast<const uint8_t*>(p.kv_cache);
+
+  // ---- loaders ------------------------------------------------------------------------------
+  auto load_q = [&]() {
+    const auto* q = static_cast<const __nv_bfloat16*>(p.q) + b * p.stride_q_b + s * p.stride_q_s;
+    for (int i = tid; i < Cfg::kM * kLatentDim / 8; i += Cfg::kThreads) {
+      const int r = i / (kLatentDim / 8), c = i % (kLatentDim / 8);
+      const bool ok = h0 + r < p.h_q;
+      const void* src = ok ? static_cast<const void*>(q + (h0 + r) * p.stride_q_h + 8 * c) : p.q;
+      sm80::cp_async16(sm80::smem_addr(s_q + sw128_off(r, c)), src, ok);
+    }
+  };
+  // Row gather as in the portable kernel: 8 threads per row (2 rows per thread), each copying
+  // every 8th 16-byte chunk; invalid keys zero-filled and never read. Each thread's slots of the
+  // next tile are fetched after its copies (volatile asm keeps the order), so the index load
+  // writes the loop-carried register itself instead of stalling the copies.
+  constexpr int kRowT = Cfg::kRowThreads, kRowsPerPass = Cfg::kThreads / kRowT, kPasses = kN / kRowsPerPass;
+  constexpr int kRawChunks = kDsMlaRowBytes / 16;
+  const int load_row = tid / kRowT, part = tid % kRowT;
+  auto fetch_slot = [&](int tile, int pass) -> int32_t {
+    const int key = tile * kN + load_row + kRowsPerPass * pass;
+    int32_t v = -1;
+    if (key < num_keys) asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(idx_row + key));
+    return v;
+  };
+  int32_t next_slot[kPasses];
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = fetch_slot(tile_begin, pass);
+  const uint32_t block_size32 = p.block_size < (int64_t(1) << 31) ? static_cast<uint32_t>(p.block_size) : 0x80000000u;
+  auto load_tile = [&](int tile, int valid_slot) {
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int r = load_row + kRowsPerPass * pass;
+      const int32_t slot = next_slot[pass];
+      const bool ok = slot >= 0 && slot < p.num_slots;
+      if (part == 0) s_valid[valid_slot * kN + r] = ok;
+      const uint32_t blk = ok ? static_cast<uint32_t>(slot) / block_size32 : 0u;
+      const uint32_t tok = ok ? static_cast<uint32_t>(slot) - blk * block_size32 : 0u;
+      const uint8_t* row = ok ? cache + int64_t(blk) * p.stride_cache_block_bytes + int64_t(tok) * p.stride_cache_token_bytes
+                              : cache;
+#pragma unroll
+      for (int j = 0; j < (kRawChunks + kRowT - 1) / kRowT; ++j) {
+        const int c = part + kRowT * j;
+        if (c < kRawChunks) sm80::cp_async16(sm80::smem_addr(s_raw + r * kDsMlaRowBytes + 16 * c), row + 16 * c, ok);
+      }
+    }
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = fetch_slot(tile + 1, pass);
+  };
+  // Staging -> K tile (all threads, fixed work): lane c converts 16-byte e4m3 chunk c (dims
+  // 16 c .. + 15) of rows warp + 8 j into fp16 chunks 2c, 2c + 1 (lanes with (c / 4) odd store the
+  // odd one first: the 8 lanes of a store phase then hit 8 different 16-byte bank groups); k_pe
+  // is copied (bf16, block 8); the 4 scales per key go to s_scale[tile][key].
+  auto dequant_tile = [&]() {
+    const int c = lane;
+#pragma unroll
+    for (int j0 = 0; j0 < kN / 8; j0 += 4) {
+      uint4 v[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[j] = *reinterpret_cast<const uint4*>(s_raw + (warp + 8 * (j0 + j)) * kDsMlaRowBytes + 16 * c);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int r = warp + 8 * (j0 + j);
+        uint32_t h[8];
+        e4m3::x4_to_f16x2x2(v[j].x, h[0], h[1]);
+        e4m3::x4_to_f16x2x2(v[j].y, h[2], h[3]);
+        e4m3::x4_to_f16x2x2(v[j].z, h[4], h[5]);
+        e4m3::x4_to_f16x2x2(v[j].w, h[6], h[7]);
+        const int first = (c >> 2) & 1;
+        const uint4 lo = make_uint4(h[0], h[1], h[2], h[3]), hi = make_uint4(h[4], h[5], h[6], h[7]);
+        *reinterpret_cast<uint4*>(s_k + sw128_off(r, 2 * c + first)) = first ? hi : lo;
+        *reinterpret_cast<uint4*>(s_k + sw128_off(r, 2 * c + 1 - first)) = first ? lo : hi;
+      }
+    }
+    uint4 pe[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int i = tid + Cfg::kThreads * j;
+      pe[j] = *reinterpret_cast<const uint4*>(s_raw + (i / 8) * kDsMlaRowBytes + kDsMlaRopeOffset + 16 * (i % 8));
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int i = tid + Cfg::kThreads * j;
+      *reinterpret_cast<uint4*>(s_k + sw128_off(i / 8, kKvLoraRank / 8 + i % 8)) = pe[j];
+    }
+    if (tid < kN) {
+      const float4 sc = *reinterpret_cast<const float4*>(s_raw + tid * kDsMlaRowBytes + kDsMlaScaleOffset);
+      s_scale[0 * kN + tid] = sc.x;
+      s_scale[1 * kN + tid] = sc.y;
+      s_scale[2 * kN + tid] = sc.z;
+      s_scale[3 * kN + tid] = sc.w;
+    }
+  };
+
+  // ---- per-thread state --------------------------------------------------------------------
+  // Accumulator layout (m64nN, both S and O): element 4 i + e of a thread is row
+  // 16 wq + lane / 4 + 8 (e / 2), column 8 i + 2 qd + e % 2. A thread's two rows:
+  const int r_lo = 16 * wq + lane / 4;
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  float row_scale[2] = {scale_log2, scale_log2};  // times 2^e of the row (q normalisation)
+  float m_run[2] = {-INFINITY, -INFINITY};        // running max, log2 domain
+  float l_run[2] = {0.f, 0.f};                    // this thread's share of the row sum
+  float o[2][64];                                 // O of value scale tiles 2 wg, 2 wg + 1 (128 columns each)
+#pragma unroll
+  for (int v = 0; v < 2; ++v)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[v][i] = 0.f;
+  float v_ref[2] = {0.f, 0.f}, v_inv[2] = {0.f, 0.f};  // R_vt and 1 / R_vt of the two value tiles
+
+  const uint32_t q_base = sm80::smem_addr(s_q), k_base = sm80::smem_addr(s_k);
+
+  // One 64-key tile (K tile, s_scale and validity slot `vs` ready; all threads).
+  auto compute_tile = [&](int vs) {
+    // S partial of this warpgroup's dims. rope first, straight into sc (unscaled); then the two
+    // scale tiles, each into acc and folded in with its keys' scales.
+    float sc[32], acc[32];
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint32_t off = 8 * Cfg::kBlockBytes + 64 * wg + 32 * j;  // rope dims 32 wg + 16 j
+      sm90::wgmma_m64n64k16_bf16(sc, sm90::kmajor_sw128_desc(q_base + off), sm90::kmajor_sw128_desc(k_base + off), j > 0);
+    }
+#pragma unroll
+    for (int tt = 0; tt < 2; ++tt) {
+      const int t = 2 * wg + tt;  // scale tile: dims 128 t .. + 127 = blocks 2t, 2t + 1
+      if (tt > 0) sm90::wgmma_fence();
+#pragma unroll
+      for (int st = 0; st < 8; ++st) {
+        const uint32_t off = (2 * t + st / 4) * Cfg::kBlockBytes + 32 * (st % 4);
+        sm90::wgmma_m64n64k16_f16(acc, sm90::kmajor_sw128_desc(q_base + off), sm90::kmajor_sw128_desc(k_base + off), st > 0);
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float2 ks = *reinterpret_cast<const float2*>(s_scale + t * kN + 8 * i + 2 * qd);
+        sc[4 * i + 0] = fmaf(acc[4 * i + 0], ks.x, sc[4 * i + 0]);
+        sc[4 * i + 1] = fmaf(acc[4 * i + 1], ks.y, sc[4 * i + 1]);
+        sc[4 * i + 2] = fmaf(acc[4 * i + 2], ks.x, sc[4 * i + 2]);
+        sc[4 * i + 3] = fmaf(acc[4 * i + 3], ks.y, sc[4 * i + 3]);
+      }
+    }
+    // Full S = own partial + the other warpgroup's (same positions: thread tid_wg of either
+    // warpgroup holds the same rows and keys). Both warpgroups add in the same order-free way
+    // (a + b == b + a), so they hold bit-identical S and make identical softmax decisions.
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s_red[(wg * 32 + i) * 128 + tid_wg] = sc[i];
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) sc[i] += s_red[((1 - wg) * 32 + i) * 128 + tid_wg];
+
+    // Softmax (exp2 domain): mask with selects (a masked score must never turn into NaN).
+    const int* valid = s_valid + vs * kN;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int2 ok = *reinterpret_cast<const int2*>(valid + 8 * i + 2 * qd);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool k_ok = (e & 1) ? ok.y : ok.x;
+        sc[4 * i + e] = k_ok ? sc[4 * i + e] * row_scale[e / 2] : -INFINITY;
+        mx[e / 2] = fmaxf(mx[e / 2], sc[4 * i + e]);
+      }
+    }
+    float corr[2], m_use[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 1));
+      mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 2));
+      const float m_new = fmaxf(m_run[hh], mx[hh]);
+      m_use[hh] = m_new == -INFINITY ? 0.f : m_new;  // all masked so far: exp2(-inf - 0) = 0
+      corr[hh] = sm80::fast_exp2(m_run[hh] - m_use[hh]);
+      m_run[hh] = m_new;
+      l_run[hh] *= corr[hh];
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      sc[i] = sm80::fast_exp2(sc[i] - m_use[i % 4 / 2]);
+      l_run[i % 4 / 2] += sc[i];
+    }
+    // Per value tile: R update (warp vote), O rescale (skipped when nothing changed), P' in fp16,
+    // 4 wgmma k-steps of 16 keys. The second tile's P' is built while the first's wgmma run.
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      const int vt = 2 * wg + v;
+      float v_rescale;
+      e4m3::update_scale_ref(s_scale[vt * kN + lane], s_scale[vt * kN + lane + 32], v_ref[v], v_rescale, v_inv[v]);
+      const float c0 = corr[0] * v_rescale, c1 = corr[1] * v_rescale;
+      if (!__all_sync(0xffffffffu, c0 == 1.f && c1 == 1.f)) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          o[v][4 * i + 0] *= c0;
+          o[v][4 * i + 1] *= c0;
+          o[v][4 * i + 2] *= c1;
+          o[v][4 * i + 3] *= c1;
+        }
+      }
+      uint32_t pa[4][4];
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = 2 * ks + half;  // n8 tile of S = keys 8 i .. + 7
+          const float2 f = *reinterpret_cast<const float2*>(s_scale + vt * kN + 8 * i + 2 * qd);
+          const float f0 = f.x * v_inv[v], f1 = f.y * v_inv[v];
+          pa[ks][2 * half + 0] = sm80::pack2<__half>(sc[4 * i + 0] * f0, sc[4 * i + 1] * f1);
+          pa[ks][2 * half + 1] = sm80::pack2<__half>(sc[4 * i + 2] * f0, sc[4 * i + 3] * f1);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 64; ++i) sm90::fence_operand(o[v][i]);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        // V: keys 16 ks .. + 15 (rows of the K tile), columns 128 vt .. + 127 = blocks 2 vt, 2 vt + 1.
+        const uint64_t desc = sm90::mnmajor_sw128_desc(k_base + 2 * vt * Cfg::kBlockBytes + ks * 16 * 128, Cfg::kBlockBytes, 1024);
+        sm90::wgmma_m64n128k16_f16_rs_mn(o[v], pa[ks], desc);
+      }
+      sm90::wgmma_commit();
+    }
+    sm90::wgmma_wait<0>();  // K and s_scale are rewritten after the next barrier
+#pragma unroll
+    for (int v = 0; v < 2; ++v)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) sm90::fence_operand(o[v][i]);
+  };
+
+  // ---- main loop ----------------------------------------------------------------------------
+  // One staging buffer: tile t + 1's rows are in flight while tile t computes.
+  if (num_tiles > 0) load_q();
+  sm80::cp_async_commit();
+  if (num_tiles > 0) load_tile(tile_begin, 0);
+  sm80::cp_async_commit();
+  if (num_tiles > 0) {
+    sm80::cp_async_wait<1>();  // this thread's Q chunks
+    __syncthreads();
+    normalise_q_rows<Cfg::kM, Cfg::kThreads / 32>(s_q, s_row_exp, warp, lane, [](int r, int c) { return sw128_off(r, c); });
+    __syncthreads();
+    row_scale[0] = ldexpf(scale_log2, s_row_exp[r_lo]);
+    row_scale[1] = ldexpf(scale_log2, s_row_exp[r_lo + 8]);
+  }
+  for (int t = 0; t < num_tiles; ++t) {
+    sm80::cp_async_wait<0>();
+    __syncthreads();  // staging holds tile t; everyone is done with K of tile t - 1
+    dequant_tile();
+    sm90::fence_proxy_async_smem();  // the generic stores of K (and of q') -> wgmma's async proxy
+    __syncthreads();                 // K holds tile t; staging is free
+    if (t + 1 < num_tiles) load_tile(tile_begin + t + 1, (t + 1) & 1);
+    sm80::cp_async_commit();
+    compute_tile(t & 1);
+  }
+
+  // ---- epilogue -------------------------------------------------------------------------------
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    l_run[hh] += __shfl_xor_sync(0xffffffffu, l_run[hh], 1);
+    l_run[hh] += __shfl_xor_sync(0xffffffffu, l_run[hh], 2);
+  }
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = r_lo + 8 * hh, h = h0 + r;
+    if (h >= p.h_q) continue;
+    const bool any = l_run[hh] > 0.f;
+    const float inv = any ? 1.f / l_run[hh] : 0.f;
+    const float lse = any ? (m_run[hh] + log2f(l_run[hh])) * 0.6931471805599453f : -INFINITY;
+    const float sink = p.num_splits == 1 && p.attn_sink != nullptr ? sink_factor(lse, p.attn_sink[h]) : 1.f;
+    const bool lse_writer = wg == 0 && qd == 0;
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      const float f = inv * sink * v_ref[v];
+      const int col = 256 * wg + 128 * v + 2 * qd;
+      if (p.num_splits == 1) {
+        auto* out = static_cast<__nv_bfloat16*>(p.out) + ((int64_t(bs) * p.h_q + h) * kKvLoraRank + col);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          *reinterpret_cast<__nv_bfloat162*>(out + 8 * i) = __floats2bfloat162_rn(o[v][4 * i + 2 * hh] * f, o[v][4 * i + 2 * hh + 1] * f);
+        }
+      } else {
+        const int64_t row = (int64_t(split) * p.batch * p.s_q + bs) * p.h_q + h;
+        float* out = p.partial_out + row * kKvLoraRank + col;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          *reinterpret_cast<float2*>(out + 8 * i) = make_float2(o[v][4 * i + 2 * hh] * f, o[v][4 * i + 2 * hh + 1] * f);
+        }
+      }
+    }
+    if (lse_writer) {
+      if (p.num_splits == 1) p.lse[(int64_t(b) * p.h_q + h) * p.s_q + s] = lse;
+      else p.partial_lse[(int64_t(split) * p.batch * p.s_q + bs) * p.h_q + h] = lse;
+    }
+  }
+#endif
+}
+
+int sm90_fp8_m64_smem_bytes() { return Sm90Fp8Config::kSmemBytes; }
+
+void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p) {
+  using Cfg = Sm90Fp8Config;
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(sparse_decode_sm90_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  const dim3 grid((p.h_q + Cfg::kM - 1) / Cfg::kM, p.num_splits, p.batch * p.s_q);
+  sparse_decode_sm90_fp8_kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, p.stream>>>(p);
+  MLA_CHECK_LAUNCH();
+}
+
+}  // namespace mla::sparse
