@@ -34,6 +34,24 @@ __device__ __forceinline__ uint8_t* align_to_swizzle_atom(uint8_t* smem_raw) {
   return smem_raw + ((1024 - sm80::smem_addr(smem_raw) % 1024) % 1024);
 }
 
+// A descriptor split into its constant high word (stride byte offset, layout) and a low word
+// (start address >> 4, leading byte offset), for kernels that step one base through many MMAs:
+// at(bytes) adds bytes >> 4 to the start address only (shared addresses stay below 2^18, so the
+// field cannot carry), one add per MMA instead of masking and shifting a new address each time.
+struct SmemDesc {
+  uint32_t lo, hi;
+  __device__ __forceinline__ uint64_t at(uint32_t byte_offset) const {
+    return (static_cast<uint64_t>(hi) << 32) | (lo + (byte_offset >> 4));
+  }
+  // The base moved by `bytes` (a runtime offset taken out of the per-MMA constant ones).
+  __device__ __forceinline__ SmemDesc plus(uint32_t byte_offset) const { return {lo + (byte_offset >> 4), hi}; }
+};
+// = kmajor_sw128_desc(base + bytes) for at(bytes)
+__device__ __forceinline__ SmemDesc kmajor_sw128(uint32_t base) {
+  const uint64_t d = kmajor_sw128_desc(base);
+  return {static_cast<uint32_t>(d), static_cast<uint32_t>(d >> 32)};
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int kPending>
@@ -98,6 +116,12 @@ __device__ __forceinline__ void wgmma_m64n32k16_bf16(float (&d)[16], uint64_t de
 __device__ __forceinline__ uint64_t mnmajor_sw128_desc(uint32_t smem_byte_addr, uint32_t lbo, uint32_t sbo) {
   return static_cast<uint64_t>((smem_byte_addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
          (uint64_t(1) << 62);
+}
+
+// = mnmajor_sw128_desc(base + bytes, lbo, sbo) for at(bytes)
+__device__ __forceinline__ SmemDesc mnmajor_sw128(uint32_t base, uint32_t lbo, uint32_t sbo) {
+  const uint64_t d = mnmajor_sw128_desc(base, lbo, sbo);
+  return {static_cast<uint32_t>(d), static_cast<uint32_t>(d >> 32)};
 }
 
 // d[64 x 64] (+)= a[64 x 16] * b[16 x 64] with fp16 operands, both K-major in shared memory

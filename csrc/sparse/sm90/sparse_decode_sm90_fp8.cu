@@ -28,7 +28,11 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
 
+#include "absorb/sm90/tma.cuh"
 #include "absorb/sm90/wgmma.cuh"
 #include "common/cuda_check.h"
 #include "common/e4m3.cuh"
@@ -55,9 +59,14 @@ struct Sm90Fp8Config {
   static constexpr int kOffScale = kOffRed + kRedBytes;  // [4 scale tiles][64 keys] fp32 of the K tile
   static constexpr int kOffValid = kOffScale + 4 * kN * 4;  // [2][64] int: tiles alternate (gather of t + 1 during t)
   static constexpr int kOffRowExp = kOffValid + 2 * kN * 4;  // [64] int: q row exponents
+  static constexpr int kOffBar = kOffRowExp + kM * 4;         // mbarrier of the staging tile (bulk gather)
   // + 1 KiB so that the base can be rounded up to the 1024 bytes the swizzle atoms need
-  static constexpr int kSmemBytes = kOffRowExp + kM * 4 + 1024;
-  static_assert(kOffK % 1024 == 0 && kOffRaw % 16 == 0 && kOffRed % 16 == 0, "alignment");
+  static constexpr int kSmemBytes = kOffBar + 8 + 1024;
+  // Lazy softmax maximum (kLazy variants): the running max of a row moves only when a tile
+  // exceeds it by more than 2^kLazySlack, so P <= 2^kLazySlack and most tiles skip the O rescale;
+  // R then keeps 2^(14 - kLazySlack) headroom (e4m3::update_scale_ref) so that |P'| <= 2^14.
+  static constexpr int kLazySlack = 8;
+  static_assert(kOffK % 1024 == 0 && kOffRaw % 16 == 0 && kOffRed % 16 == 0 && kOffBar % 8 == 0, "alignment");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of sm90");
 };
 
@@ -68,6 +77,12 @@ __device__ __forceinline__ uint32_t sw128_off(int r, int c) {
   return static_cast<uint32_t>((c / 8) * Sm90Fp8Config::kBlockBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16));
 }
 
+// kBulk: rows gathered by one cp.async.bulk per row (64 threads issue, an mbarrier counts the
+// bytes) instead of 41 16-byte cp.async per row spread over 8 threads: Nsight Compute showed the
+// cp.async issue (LSU queue full: mio stalls, and the register reuse after it) as ~25% of the
+// stall samples. kLazy: lazy softmax maximum (Sm90Fp8Config::kLazySlack). kOverlapQK: the two
+// scale tiles' MMAs and the rope MMAs back to back with the scale folds in between (compute_tile).
+template <bool kBulk, bool kLazy, bool kOverlapQK>
 __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
     sparse_decode_sm90_fp8_kernel(const __grid_constant__ SparseDecodeParams p) {
 #if MLA_SM90A
@@ -82,9 +97,12 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
   float* s_scale = reinterpret_cast<float*>(smem + Cfg::kOffScale);
   int* s_valid = reinterpret_cast<int*>(smem + Cfg::kOffValid);
   int* s_row_exp = reinterpret_cast<int*>(smem + Cfg::kOffRowExp);
+  const uint32_t bar = sm80::smem_addr(smem + Cfg::kOffBar);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int wg = tid / 128, tid_wg = tid % 128, wq = warp % 4;  // warpgroup, warp within it
+  // warpgroup (through a shuffle, so that the compiler knows it is warp-uniform and keeps the
+  // wgmma descriptors derived from it in uniform registers), thread and warp within it
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), tid_wg = tid % 128, wq = warp % 4;
   const int qd = lane % 4;
   const int h0 = blockIdx.x * Cfg::kM;
   const int split = blockIdx.y;
@@ -116,34 +134,58 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
   constexpr int kRawChunks = kDsMlaRowBytes / 16;
   const int load_row = tid / kRowT, part = tid % kRowT;
   auto fetch_slot = [&](int tile, int pass) -> int32_t {
-    const int key = tile * kN + load_row + kRowsPerPass * pass;
+    const int key = tile * kN + (kBulk ? tid : load_row + kRowsPerPass * pass);
     int32_t v = -1;
     if (key < num_keys) asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(idx_row + key));
     return v;
   };
   int32_t next_slot[kPasses];
 #pragma unroll
-  for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = fetch_slot(tile_begin, pass);
+  for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = !kBulk || (pass == 0 && tid < kN) ? fetch_slot(tile_begin, pass) : -1;
   const uint32_t block_size32 = p.block_size < (int64_t(1) << 31) ? static_cast<uint32_t>(p.block_size) : 0x80000000u;
   auto load_tile = [&](int tile, int valid_slot) {
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int r = load_row + kRowsPerPass * pass;
-      const int32_t slot = next_slot[pass];
-      const bool ok = slot >= 0 && slot < p.num_slots;
-      if (part == 0) s_valid[valid_slot * kN + r] = ok;
-      const uint32_t blk = ok ? static_cast<uint32_t>(slot) / block_size32 : 0u;
-      const uint32_t tok = ok ? static_cast<uint32_t>(slot) - blk * block_size32 : 0u;
-      const uint8_t* row = ok ? cache + int64_t(blk) * p.stride_cache_block_bytes + int64_t(tok) * p.stride_cache_token_bytes
-                              : cache;
-#pragma unroll
-      for (int j = 0; j < (kRawChunks + kRowT - 1) / kRowT; ++j) {
-        const int c = part + kRowT * j;
-        if (c < kRawChunks) sm80::cp_async16(sm80::smem_addr(s_raw + r * kDsMlaRowBytes + 16 * c), row + 16 * c, ok);
+    if constexpr (kBulk) {
+      // Thread r < 64 copies row r whole; an invalid row is zero-filled here (the dequantised
+      // tile must stay finite: P = 0 times V must be 0). Every row thread arrives once (the
+      // barrier counts 64 arrivals); valid rows add their bytes as transactions.
+      if (tid < kN) {
+        const int32_t slot = next_slot[0];
+        const bool ok = slot >= 0 && slot < p.num_slots;
+        s_valid[valid_slot * kN + tid] = ok;
+        uint8_t* dst = s_raw + tid * kDsMlaRowBytes;
+        if (ok) {
+          const uint32_t blk = static_cast<uint32_t>(slot) / block_size32;
+          const uint32_t tok = static_cast<uint32_t>(slot) - blk * block_size32;
+          const uint8_t* row = cache + int64_t(blk) * p.stride_cache_block_bytes + int64_t(tok) * p.stride_cache_token_bytes;
+          sm90::mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
+          sm90::bulk_load(sm80::smem_addr(dst), row, kDsMlaRowBytes, bar);
+        } else {
+#pragma unroll 1
+          for (int c = 0; c < kRawChunks; ++c) reinterpret_cast<uint4*>(dst)[c] = make_uint4(0, 0, 0, 0);
+          sm90::mbar_arrive(bar);
+        }
+        next_slot[0] = fetch_slot(tile + 1, 0);
       }
-    }
+    } else {
 #pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = fetch_slot(tile + 1, pass);
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int r = load_row + kRowsPerPass * pass;
+        const int32_t slot = next_slot[pass];
+        const bool ok = slot >= 0 && slot < p.num_slots;
+        if (part == 0) s_valid[valid_slot * kN + r] = ok;
+        const uint32_t blk = ok ? static_cast<uint32_t>(slot) / block_size32 : 0u;
+        const uint32_t tok = ok ? static_cast<uint32_t>(slot) - blk * block_size32 : 0u;
+        const uint8_t* row = ok ? cache + int64_t(blk) * p.stride_cache_block_bytes + int64_t(tok) * p.stride_cache_token_bytes
+                                : cache;
+#pragma unroll
+        for (int j = 0; j < (kRawChunks + kRowT - 1) / kRowT; ++j) {
+          const int c = part + kRowT * j;
+          if (c < kRawChunks) sm80::cp_async16(sm80::smem_addr(s_raw + r * kDsMlaRowBytes + 16 * c), row + 16 * c, ok);
+        }
+      }
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = fetch_slot(tile + 1, pass);
+    }
   };
   // Staging -> K tile (all threads, fixed work): lane c converts 16-byte e4m3 chunk c (dims
   // 16 c .. + 15) of rows warp + 8 j into fp16 chunks 2c, 2c + 1 (lanes with (c / 4) odd store the
@@ -205,49 +247,115 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
     for (int i = 0; i < 64; ++i) o[v][i] = 0.f;
   float v_ref[2] = {0.f, 0.f}, v_inv[2] = {0.f, 0.f};  // R_vt and 1 / R_vt of the two value tiles
 
-  const uint32_t q_base = sm80::smem_addr(s_q), k_base = sm80::smem_addr(s_k);
+  // Descriptor bases (constant high word, one add per MMA): Q and K K-major; V = the K tile's
+  // first 512 dims as an MN-major operand (64-dim blocks 8 KiB apart, 8-key groups 1 KiB apart).
+  const sm90::SmemDesc q_desc = sm90::kmajor_sw128(sm80::smem_addr(s_q)), k_desc = sm90::kmajor_sw128(sm80::smem_addr(s_k));
+  const sm90::SmemDesc v_desc = sm90::mnmajor_sw128(sm80::smem_addr(s_k), Cfg::kBlockBytes, 1024);
 
   // One 64-key tile (K tile, s_scale and validity slot `vs` ready; all threads).
   auto compute_tile = [&](int vs) {
-    // S partial of this warpgroup's dims. rope first, straight into sc (unscaled); then the two
-    // scale tiles, each into acc and folded in with its keys' scales.
+    // S partial of this warpgroup's dims: scale tiles tA = 2 wg and tB = 2 wg + 1 (dims 128 t ..
+    // + 127 = blocks 2t, 2t + 1), each multiplied by its keys' scales, plus rope dims 32 wg .. + 31
+    // (bf16, unscaled).
     float sc[32], acc[32];
-    sm90::wgmma_fence();
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const uint32_t off = 8 * Cfg::kBlockBytes + 64 * wg + 32 * j;  // rope dims 32 wg + 16 j
-      sm90::wgmma_m64n64k16_bf16(sc, sm90::kmajor_sw128_desc(q_base + off), sm90::kmajor_sw128_desc(k_base + off), j > 0);
-    }
-#pragma unroll
-    for (int tt = 0; tt < 2; ++tt) {
-      const int t = 2 * wg + tt;  // scale tile: dims 128 t .. + 127 = blocks 2t, 2t + 1
-      if (tt > 0) sm90::wgmma_fence();
+    const int tA = 2 * wg, tB = 2 * wg + 1;
+    auto issue_tile = [&](float (&d)[32], int t) {
+      const sm90::SmemDesc qt = q_desc.plus(2 * t * Cfg::kBlockBytes), kt = k_desc.plus(2 * t * Cfg::kBlockBytes);
 #pragma unroll
       for (int st = 0; st < 8; ++st) {
-        const uint32_t off = (2 * t + st / 4) * Cfg::kBlockBytes + 32 * (st % 4);
-        sm90::wgmma_m64n64k16_f16(acc, sm90::kmajor_sw128_desc(q_base + off), sm90::kmajor_sw128_desc(k_base + off), st > 0);
+        const uint32_t off = (st / 4) * Cfg::kBlockBytes + 32 * (st % 4);
+        sm90::wgmma_m64n64k16_f16(d, qt.at(off), kt.at(off), st > 0);
       }
+    };
+    auto issue_rope = [&](bool accumulate) {
+      const uint32_t base = 8 * Cfg::kBlockBytes + 64 * wg;  // rope dims 32 wg .. + 31
+      const sm90::SmemDesc qr = q_desc.plus(base), kr = k_desc.plus(base);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) sm90::wgmma_m64n64k16_bf16(sc, qr.at(32 * j), kr.at(32 * j), accumulate || j > 0);
+    };
+    // d[column key] times the key's scale of tile t (fma into acc_to when given).
+    auto key_scales = [&](int t, int i) { return *reinterpret_cast<const float2*>(s_scale + t * kN + 8 * i + 2 * qd); };
+    auto fence_regs = [](float (&d)[32]) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) sm90::fence_operand(d[i]);
+    };
+    sm90::wgmma_fence();
+    if constexpr (kOverlapQK) {
+      // Tile A -> sc and tile B -> acc back to back; sc *= scale_A while tile B runs, then
+      // sc += acc scale_B, then the two rope MMAs on top: only their short chain is waited for
+      // with nothing to overlap (the serial order waits for both scale tiles' chains).
+      issue_tile(sc, tA);
       sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
+      issue_tile(acc, tB);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<1>();  // tile A
+      fence_regs(sc);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const float2 ks = *reinterpret_cast<const float2*>(s_scale + t * kN + 8 * i + 2 * qd);
+        const float2 ks = key_scales(tA, i);
+        sc[4 * i + 0] *= ks.x, sc[4 * i + 1] *= ks.y, sc[4 * i + 2] *= ks.x, sc[4 * i + 3] *= ks.y;
+      }
+      sm90::wgmma_wait<0>();  // tile B
+      fence_regs(acc);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float2 ks = key_scales(tB, i);
         sc[4 * i + 0] = fmaf(acc[4 * i + 0], ks.x, sc[4 * i + 0]);
         sc[4 * i + 1] = fmaf(acc[4 * i + 1], ks.y, sc[4 * i + 1]);
         sc[4 * i + 2] = fmaf(acc[4 * i + 2], ks.x, sc[4 * i + 2]);
         sc[4 * i + 3] = fmaf(acc[4 * i + 3], ks.y, sc[4 * i + 3]);
       }
+      sm90::wgmma_fence();
+      issue_rope(true);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      fence_regs(sc);
+    } else {
+      // rope first, straight into sc; then each scale tile into acc, drained and folded in.
+      issue_rope(false);
+#pragma unroll
+      for (int tt = 0; tt < 2; ++tt) {
+        const int t = tt == 0 ? tA : tB;
+        if (tt > 0) sm90::wgmma_fence();
+        issue_tile(acc, t);
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        fence_regs(sc);
+        fence_regs(acc);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float2 ks = key_scales(t, i);
+          sc[4 * i + 0] = fmaf(acc[4 * i + 0], ks.x, sc[4 * i + 0]);
+          sc[4 * i + 1] = fmaf(acc[4 * i + 1], ks.y, sc[4 * i + 1]);
+          sc[4 * i + 2] = fmaf(acc[4 * i + 2], ks.x, sc[4 * i + 2]);
+          sc[4 * i + 3] = fmaf(acc[4 * i + 3], ks.y, sc[4 * i + 3]);
+        }
+      }
     }
     // Full S = own partial + the other warpgroup's (same positions: thread tid_wg of either
     // warpgroup holds the same rows and keys). Both warpgroups add in the same order-free way
     // (a + b == b + a), so they hold bit-identical S and make identical softmax decisions.
+    // float4 per thread and step: a warp's 32 stores are 512 contiguous bytes (no conflicts).
+    float4* red = reinterpret_cast<float4*>(s_red);
 #pragma unroll
-    for (int i = 0; i < 32; ++i) s_red[(wg * 32 + i) * 128 + tid_wg] = sc[i];
+    for (int j = 0; j < 8; ++j) red[(wg * 8 + j) * 128 + tid_wg] = make_float4(sc[4 * j], sc[4 * j + 1], sc[4 * j + 2], sc[4 * j + 3]);
     __syncthreads();
 #pragma unroll
-    for (int i = 0; i < 32; ++i) sc[i] += s_red[((1 - wg) * 32 + i) * 128 + tid_wg];
+    for (int j = 0; j < 8; ++j) {
+      const float4 v = red[((1 - wg) * 8 + j) * 128 + tid_wg];
+      sc[4 * j] += v.x, sc[4 * j + 1] += v.y, sc[4 * j + 2] += v.z, sc[4 * j + 3] += v.w;
+    }
 
-    // Softmax (exp2 domain): mask with selects (a masked score must never turn into NaN).
+    // Softmax (exp2 domain): mask with selects (a masked score must never turn into NaN). With a
+    // positive row scale rs (softmax_scale > 0) the scores stay unscaled: max(s rs) = rs max(s)
+    // exactly (rounding is monotonic) and the exponent is one fma(s, rs, -m); otherwise (rs <= 0,
+    // not a useful softmax scale but allowed) the scores are scaled first and rs counts as 1.
+    float rs[2] = {row_scale[0], row_scale[1]};
+    if (!(rs[0] > 0.f && rs[1] > 0.f)) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) sc[i] *= rs[i % 4 / 2];
+      rs[0] = rs[1] = 1.f;
+    }
     const int* valid = s_valid + vs * kN;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -256,7 +364,7 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const bool k_ok = (e & 1) ? ok.y : ok.x;
-        sc[4 * i + e] = k_ok ? sc[4 * i + e] * row_scale[e / 2] : -INFINITY;
+        sc[4 * i + e] = k_ok ? sc[4 * i + e] : -INFINITY;
         mx[e / 2] = fmaxf(mx[e / 2], sc[4 * i + e]);
       }
     }
@@ -264,8 +372,9 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 1));
-      mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 2));
-      const float m_new = fmaxf(m_run[hh], mx[hh]);
+      mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 2)) * rs[hh];  // -inf stays -inf
+      // kLazy: move only past m_run + slack (from -inf, m_run + slack = -inf: any finite max moves it)
+      const float m_new = kLazy ? (mx[hh] > m_run[hh] + Cfg::kLazySlack ? mx[hh] : m_run[hh]) : fmaxf(m_run[hh], mx[hh]);
       m_use[hh] = m_new == -INFINITY ? 0.f : m_new;  // all masked so far: exp2(-inf - 0) = 0
       corr[hh] = sm80::fast_exp2(m_run[hh] - m_use[hh]);
       m_run[hh] = m_new;
@@ -273,7 +382,7 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
     }
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
-      sc[i] = sm80::fast_exp2(sc[i] - m_use[i % 4 / 2]);
+      sc[i] = sm80::fast_exp2(fmaf(sc[i], rs[i % 4 / 2], -m_use[i % 4 / 2]));
       l_run[i % 4 / 2] += sc[i];
     }
     // Per value tile: R update (warp vote), O rescale (skipped when nothing changed), P' in fp16,
@@ -282,7 +391,8 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
     for (int v = 0; v < 2; ++v) {
       const int vt = 2 * wg + v;
       float v_rescale;
-      e4m3::update_scale_ref(s_scale[vt * kN + lane], s_scale[vt * kN + lane + 32], v_ref[v], v_rescale, v_inv[v]);
+      e4m3::update_scale_ref<kLazy ? 14 - Cfg::kLazySlack : 14>(s_scale[vt * kN + lane], s_scale[vt * kN + lane + 32], v_ref[v],
+                                                               v_rescale, v_inv[v]);
       const float c0 = corr[0] * v_rescale, c1 = corr[1] * v_rescale;
       if (!__all_sync(0xffffffffu, c0 == 1.f && c1 == 1.f)) {
 #pragma unroll
@@ -308,11 +418,11 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 64; ++i) sm90::fence_operand(o[v][i]);
       sm90::wgmma_fence();
+      const sm90::SmemDesc vv = v_desc.plus(2 * vt * Cfg::kBlockBytes);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         // V: keys 16 ks .. + 15 (rows of the K tile), columns 128 vt .. + 127 = blocks 2 vt, 2 vt + 1.
-        const uint64_t desc = sm90::mnmajor_sw128_desc(k_base + 2 * vt * Cfg::kBlockBytes + ks * 16 * 128, Cfg::kBlockBytes, 1024);
-        sm90::wgmma_m64n128k16_f16_rs_mn(o[v], pa[ks], desc);
+        sm90::wgmma_m64n128k16_f16_rs_mn(o[v], pa[ks], vv.at(ks * 16 * 128));
       }
       sm90::wgmma_commit();
     }
@@ -325,6 +435,13 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
 
   // ---- main loop ----------------------------------------------------------------------------
   // One staging buffer: tile t + 1's rows are in flight while tile t computes.
+  if constexpr (kBulk) {
+    if (tid == 0) {
+      sm90::mbar_init(bar, kN);
+      sm90::mbar_init_fence();
+    }
+    __syncthreads();
+  }
   if (num_tiles > 0) load_q();
   sm80::cp_async_commit();
   if (num_tiles > 0) load_tile(tile_begin, 0);
@@ -338,7 +455,8 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
     row_scale[1] = ldexpf(scale_log2, s_row_exp[r_lo + 8]);
   }
   for (int t = 0; t < num_tiles; ++t) {
-    sm80::cp_async_wait<0>();
+    if constexpr (kBulk) sm90::mbar_wait(bar, t & 1);  // tile t's rows (phase t of the barrier)
+    else sm80::cp_async_wait<0>();
     __syncthreads();  // staging holds tile t; everyone is done with K of tile t - 1
     dequant_tile();
     sm90::fence_proxy_async_smem();  // the generic stores of K (and of q') -> wgmma's async proxy
@@ -392,12 +510,27 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
 
 int sm90_fp8_m64_smem_bytes() { return Sm90Fp8Config::kSmemBytes; }
 
-void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p) {
+template <bool kBulk, bool kLazy, bool kOverlapQK>
+void launch_sm90_fp8(const SparseDecodeParams& p) {
   using Cfg = Sm90Fp8Config;
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(sparse_decode_sm90_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  auto kernel = sparse_decode_sm90_fp8_kernel<kBulk, kLazy, kOverlapQK>;
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((p.h_q + Cfg::kM - 1) / Cfg::kM, p.num_splits, p.batch * p.s_q);
-  sparse_decode_sm90_fp8_kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, p.stream>>>(p);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, p.stream>>>(p);
   MLA_CHECK_LAUNCH();
+}
+
+// MLA_EXT_SPARSE_SM90 picks a variant (comparisons and tests): cpasync (the first version's
+// 16-byte cp.async gather), bulk (+ one bulk copy per row), lazy (+ lazy softmax maximum),
+// overlap (+ overlapped S MMAs); default "overlap".
+void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p) {
+  const char* env = std::getenv("MLA_EXT_SPARSE_SM90");
+  const std::string want = env != nullptr && env[0] != '\0' ? env : "overlap";
+  if (want == "cpasync") launch_sm90_fp8<false, false, false>(p);
+  else if (want == "bulk") launch_sm90_fp8<true, false, false>(p);
+  else if (want == "lazy") launch_sm90_fp8<true, true, false>(p);
+  else if (want == "overlap") launch_sm90_fp8<true, true, true>(p);
+  else throw std::runtime_error("mla_ext: MLA_EXT_SPARSE_SM90 must be cpasync, bulk, lazy or overlap, got " + want);
 }
 
 }  // namespace mla::sparse
