@@ -49,15 +49,10 @@ __device__ __forceinline__ void load_pv_a(const __half* p, int ks, int lane, uin
 // units of R, cannot overflow. Usually one warp vote; when R changes, rescale = R_old / R_new for
 // O (1 while R was 0) and inv = 1 / R_new. ref and inv persist across tiles (0 until a nonzero
 // scale is seen); rescale is 1 unless R changed. Warp-uniform.
-// kFitsLog2 (default 14) is the headroom 2^kFitsLog2 a key's scale may have above R: a caller whose
-// P reaches 2^s (lazy softmax maximum) passes 14 - s so that |P'| <= 2^14 still holds.
-template <int kFitsLog2 = 14>
 __device__ __forceinline__ void update_scale_ref(float a, float b, float& ref, float& rescale, float& inv) {
-  static_assert(kFitsLog2 >= 4 && kFitsLog2 <= 14, "R headroom between 2^4 and 2^14");
-  constexpr float kFits = static_cast<float>(1 << kFitsLog2);
   rescale = 1.f;
   const float fa = fabsf(a), fb = fabsf(b);
-  const bool fits = fa <= ref * kFits && fb <= ref * kFits;
+  const bool fits = fa <= ref * 16384.f && fb <= ref * 16384.f;
   const bool near = fa >= ref * 0.0625f || fb >= ref * 0.0625f;
   if (__all_sync(0xffffffffu, fits) && __any_sync(0xffffffffu, near)) return;
   float tmax = fmaxf(fa, fb);

@@ -1,11 +1,12 @@
 // Sparse top-k MLA decode on sm90a: fp8_ds_mla cache, 64-head tiles, wgmma.
 //
-// Same contract, grid and gather as the portable 64-head kernel (csrc/sparse/README.md): one CTA
-// = one query token, 64 heads, one split of the top-k list; 256 threads; 64-key tiles gathered
-// by cp.async (8 threads per row) into one staging buffer, then dequantised e4m3 -> fp16 (exact,
-// no scale) into one K tile. What changes is the math, which the portable kernel runs as
-// mma.sync with ldmatrix of both operands per warp (Nsight Compute: issue-bound around shared
-// loads, ~430 KB of operand reads per tile):
+// Same contract and grid as the portable 64-head kernel (csrc/sparse/README.md): one CTA = one
+// query token, 64 heads, one split of the top-k list; 256 threads; 64-key tiles gathered into one
+// staging buffer (one cp.async.bulk per 656-byte row, threads 0-63, completion counted by an
+// mbarrier; MLA_EXT_SPARSE_SM90=cpasync: the portable kernels' 16-byte cp.async, 8 threads per
+// row), then dequantised e4m3 -> fp16 (exact, no scale) into one K tile. What changes is the
+// math, which the portable kernel runs as mma.sync with ldmatrix of both operands per warp
+// (Nsight Compute: issue-bound around shared loads, ~430 KB of operand reads per tile):
 //
 //   S = Q K^T   warpgroup g (threads 128 g ..) takes the dims of scale tiles 2g, 2g + 1 and
 //               rope dims 32 g .. + 31 for all 64 heads x 64 keys: wgmma m64n64k16 with both
@@ -38,7 +39,7 @@
 #include "common/e4m3.cuh"
 #include "common/sm80.cuh"
 #include "common/types.h"
-#include "sparse/portable/sparse_decode_portable.cuh"  // sink_factor, normalise_q_rows
+#include "sparse/portable/sparse_decode_portable.cuh"  // shared pieces: key_tiles, load_q_tile, slot_row, dequant_ds_mla_rows, ...
 #include "sparse/sparse_decode.h"
 
 namespace mla::sparse {
@@ -62,10 +63,6 @@ struct Sm90Fp8Config {
   static constexpr int kOffBar = kOffRowExp + kM * 4;         // mbarrier of the staging tile (bulk gather)
   // + 1 KiB so that the base can be rounded up to the 1024 bytes the swizzle atoms need
   static constexpr int kSmemBytes = kOffBar + 8 + 1024;
-  // Lazy softmax maximum (kLazy variants): the running max of a row moves only when a tile
-  // exceeds it by more than 2^kLazySlack, so P <= 2^kLazySlack and most tiles skip the O rescale;
-  // R then keeps 2^(14 - kLazySlack) headroom (e4m3::update_scale_ref) so that |P'| <= 2^14.
-  static constexpr int kLazySlack = 8;
   static_assert(kOffK % 1024 == 0 && kOffRaw % 16 == 0 && kOffRed % 16 == 0 && kOffBar % 8 == 0, "alignment");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of sm90");
 };
@@ -80,9 +77,11 @@ __device__ __forceinline__ uint32_t sw128_off(int r, int c) {
 // kBulk: rows gathered by one cp.async.bulk per row (64 threads issue, an mbarrier counts the
 // bytes) instead of 41 16-byte cp.async per row spread over 8 threads: Nsight Compute showed the
 // cp.async issue (LSU queue full: mio stalls, and the register reuse after it) as ~25% of the
-// stall samples. kLazy: lazy softmax maximum (Sm90Fp8Config::kLazySlack). kOverlapQK: the two
-// scale tiles' MMAs and the rope MMAs back to back with the scale folds in between (compute_tile).
-template <bool kBulk, bool kLazy, bool kOverlapQK>
+// stall samples; measured 621.5 vs 650.9 us (b128 s_q2 h_q128, same run, README.md). Its own cost
+// now: the compiler serialises the 32 copies of each of warps 0-1 (the copy takes uniform-register
+// operands), which delays warpgroup 0's S MMAs (~20% of the stall samples at 69f4edf); spreading
+// the rows over all 8 warps is the next thing to try.
+template <bool kBulk>
 __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
     sparse_decode_sm90_fp8_kernel(const __grid_constant__ SparseDecodeParams p) {
 #if MLA_SM90A
@@ -105,44 +104,27 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), tid_wg = tid % 128, wq = warp % 4;
   const int qd = lane % 4;
   const int h0 = blockIdx.x * Cfg::kM;
-  const int split = blockIdx.y;
-  const int bs = blockIdx.z, b = bs / p.s_q, s = bs % p.s_q;
-
-  int num_keys = p.topk;
-  if (p.topk_length != nullptr) num_keys = min(num_keys, max(p.topk_length[b], 0));
-  const int total_tiles = (num_keys + kN - 1) / kN;
-  const int tile_begin = split * p.tiles_per_split;
-  const int num_tiles = max(0, min(total_tiles, tile_begin + p.tiles_per_split) - tile_begin);
-  const int32_t* idx_row = p.indices + b * p.stride_indices_b + s * p.stride_indices_s;
+  const CtaWork work = cta_work(p, kN);
+  const int split = work.split, bs = work.bs, b = work.b, s = work.s;
+  const int num_keys = work.num_keys, tile_begin = work.tile_begin, num_tiles = work.num_tiles;
   const uint8_t* cache = static_cast<const uint8_t*>(p.kv_cache);
 
   // ---- loaders ------------------------------------------------------------------------------
-  auto load_q = [&]() {
-    const auto* q = static_cast<const __nv_bfloat16*>(p.q) + b * p.stride_q_b + s * p.stride_q_s;
-    for (int i = tid; i < Cfg::kM * kLatentDim / 8; i += Cfg::kThreads) {
-      const int r = i / (kLatentDim / 8), c = i % (kLatentDim / 8);
-      const bool ok = h0 + r < p.h_q;
-      const void* src = ok ? static_cast<const void*>(q + (h0 + r) * p.stride_q_h + 8 * c) : p.q;
-      sm80::cp_async16(sm80::smem_addr(s_q + sw128_off(r, c)), src, ok);
-    }
-  };
-  // Row gather as in the portable kernel: 8 threads per row (2 rows per thread), each copying
-  // every 8th 16-byte chunk; invalid keys zero-filled and never read. Each thread's slots of the
-  // next tile are fetched after its copies (volatile asm keeps the order), so the index load
-  // writes the loop-carried register itself instead of stalling the copies.
+  auto load_q = [&]() { load_q_tile<Cfg::kM, Cfg::kThreads>(p, b, s, h0, tid, s_q, [](int r, int c) { return sw128_off(r, c); }); };
+  // Row gather into the staging tile; invalid keys are zero-filled and never read. Each thread's
+  // slots of the next tile are fetched after its copies (fetch_slot_ahead). kBulk: thread r < 64
+  // copies row r; else as the portable kernels, 8 threads per row (2 rows per thread), each copying
+  // every 8th 16-byte chunk.
   constexpr int kRowT = Cfg::kRowThreads, kRowsPerPass = Cfg::kThreads / kRowT, kPasses = kN / kRowsPerPass;
   constexpr int kRawChunks = kDsMlaRowBytes / 16;
   const int load_row = tid / kRowT, part = tid % kRowT;
-  auto fetch_slot = [&](int tile, int pass) -> int32_t {
-    const int key = tile * kN + (kBulk ? tid : load_row + kRowsPerPass * pass);
-    int32_t v = -1;
-    if (key < num_keys) asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(idx_row + key));
-    return v;
+  auto fetch_slot = [&](int tile, int pass) {
+    return fetch_slot_ahead(work.idx_row, tile * kN + (kBulk ? tid : load_row + kRowsPerPass * pass), num_keys);
   };
   int32_t next_slot[kPasses];
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = !kBulk || (pass == 0 && tid < kN) ? fetch_slot(tile_begin, pass) : -1;
-  const uint32_t block_size32 = p.block_size < (int64_t(1) << 31) ? static_cast<uint32_t>(p.block_size) : 0x80000000u;
+  const uint32_t block_size32 = block_size_u32(p);
   auto load_tile = [&](int tile, int valid_slot) {
     if constexpr (kBulk) {
       // Thread r < 64 copies row r whole; an invalid row is zero-filled here (the dequantised
@@ -154,9 +136,7 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
         s_valid[valid_slot * kN + tid] = ok;
         uint8_t* dst = s_raw + tid * kDsMlaRowBytes;
         if (ok) {
-          const uint32_t blk = static_cast<uint32_t>(slot) / block_size32;
-          const uint32_t tok = static_cast<uint32_t>(slot) - blk * block_size32;
-          const uint8_t* row = cache + int64_t(blk) * p.stride_cache_block_bytes + int64_t(tok) * p.stride_cache_token_bytes;
+          const uint8_t* row = slot_row(p, cache, slot, true, block_size32);
           sm90::mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
           sm90::bulk_load(sm80::smem_addr(dst), row, kDsMlaRowBytes, bar);
         } else {
@@ -173,10 +153,9 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
         const int32_t slot = next_slot[pass];
         const bool ok = slot >= 0 && slot < p.num_slots;
         if (part == 0) s_valid[valid_slot * kN + r] = ok;
-        const uint32_t blk = ok ? static_cast<uint32_t>(slot) / block_size32 : 0u;
-        const uint32_t tok = ok ? static_cast<uint32_t>(slot) - blk * block_size32 : 0u;
-        const uint8_t* row = ok ? cache + int64_t(blk) * p.stride_cache_block_bytes + int64_t(tok) * p.stride_cache_token_bytes
-                                : cache;
+        const uint8_t* row = slot_row(p, cache, slot, ok, block_size32);
+        // (copy_ds_mla_row_part's loop, written out: through the helper the compiler schedules this
+        // kernel differently from the build that ran on the GPU)
 #pragma unroll
         for (int j = 0; j < (kRawChunks + kRowT - 1) / kRowT; ++j) {
           const int c = part + kRowT * j;
@@ -187,42 +166,10 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
       for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = fetch_slot(tile + 1, pass);
     }
   };
-  // Staging -> K tile (all threads, fixed work): lane c converts 16-byte e4m3 chunk c (dims
-  // 16 c .. + 15) of rows warp + 8 j into fp16 chunks 2c, 2c + 1 (lanes with (c / 4) odd store the
-  // odd one first: the 8 lanes of a store phase then hit 8 different 16-byte bank groups); k_pe
-  // is copied (bf16, block 8); the 4 scales per key go to s_scale[tile][key].
+  // Staging -> K tile (dequant_ds_mla_rows, in the wgmma layout); the 4 scales per key go to
+  // s_scale[tile][key] (keys of one tile adjacent: the accumulator layout reads them in pairs).
   auto dequant_tile = [&]() {
-    const int c = lane;
-#pragma unroll
-    for (int j0 = 0; j0 < kN / 8; j0 += 4) {
-      uint4 v[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) v[j] = *reinterpret_cast<const uint4*>(s_raw + (warp + 8 * (j0 + j)) * kDsMlaRowBytes + 16 * c);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int r = warp + 8 * (j0 + j);
-        uint32_t h[8];
-        e4m3::x4_to_f16x2x2(v[j].x, h[0], h[1]);
-        e4m3::x4_to_f16x2x2(v[j].y, h[2], h[3]);
-        e4m3::x4_to_f16x2x2(v[j].z, h[4], h[5]);
-        e4m3::x4_to_f16x2x2(v[j].w, h[6], h[7]);
-        const int first = (c >> 2) & 1;
-        const uint4 lo = make_uint4(h[0], h[1], h[2], h[3]), hi = make_uint4(h[4], h[5], h[6], h[7]);
-        *reinterpret_cast<uint4*>(s_k + sw128_off(r, 2 * c + first)) = first ? hi : lo;
-        *reinterpret_cast<uint4*>(s_k + sw128_off(r, 2 * c + 1 - first)) = first ? lo : hi;
-      }
-    }
-    uint4 pe[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int i = tid + Cfg::kThreads * j;
-      pe[j] = *reinterpret_cast<const uint4*>(s_raw + (i / 8) * kDsMlaRowBytes + kDsMlaRopeOffset + 16 * (i % 8));
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int i = tid + Cfg::kThreads * j;
-      *reinterpret_cast<uint4*>(s_k + sw128_off(i / 8, kKvLoraRank / 8 + i % 8)) = pe[j];
-    }
+    dequant_ds_mla_rows<kN, Cfg::kThreads / 32, Cfg::kThreads>(s_raw, s_k, warp, lane, tid, [](int r, int c) { return sw128_off(r, c); });
     if (tid < kN) {
       const float4 sc = *reinterpret_cast<const float4*>(s_raw + tid * kDsMlaRowBytes + kDsMlaScaleOffset);
       s_scale[0 * kN + tid] = sc.x;
@@ -267,69 +214,37 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
         sm90::wgmma_m64n64k16_f16(d, qt.at(off), kt.at(off), st > 0);
       }
     };
-    auto issue_rope = [&](bool accumulate) {
+    auto issue_rope = [&]() {
       const uint32_t base = 8 * Cfg::kBlockBytes + 64 * wg;  // rope dims 32 wg .. + 31
       const sm90::SmemDesc qr = q_desc.plus(base), kr = k_desc.plus(base);
 #pragma unroll
-      for (int j = 0; j < 2; ++j) sm90::wgmma_m64n64k16_bf16(sc, qr.at(32 * j), kr.at(32 * j), accumulate || j > 0);
+      for (int j = 0; j < 2; ++j) sm90::wgmma_m64n64k16_bf16(sc, qr.at(32 * j), kr.at(32 * j), j > 0);
     };
-    // d[column key] times the key's scale of tile t (fma into acc_to when given).
+    // Scales of tile t for the keys of n8 tile i of this thread (keys 8 i + 2 qd, + 1).
     auto key_scales = [&](int t, int i) { return *reinterpret_cast<const float2*>(s_scale + t * kN + 8 * i + 2 * qd); };
     auto fence_regs = [](float (&d)[32]) {
 #pragma unroll
       for (int i = 0; i < 32; ++i) sm90::fence_operand(d[i]);
     };
     sm90::wgmma_fence();
-    if constexpr (kOverlapQK) {
-      // Tile A -> sc and tile B -> acc back to back; sc *= scale_A while tile B runs, then
-      // sc += acc scale_B, then the two rope MMAs on top: only their short chain is waited for
-      // with nothing to overlap (the serial order waits for both scale tiles' chains).
-      issue_tile(sc, tA);
-      sm90::wgmma_commit();
-      issue_tile(acc, tB);
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<1>();  // tile A
-      fence_regs(sc);
+    // rope first, straight into sc; then each scale tile into acc, drained and folded in.
+    issue_rope();
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float2 ks = key_scales(tA, i);
-        sc[4 * i + 0] *= ks.x, sc[4 * i + 1] *= ks.y, sc[4 * i + 2] *= ks.x, sc[4 * i + 3] *= ks.y;
-      }
-      sm90::wgmma_wait<0>();  // tile B
+    for (int tt = 0; tt < 2; ++tt) {
+      const int t = tt == 0 ? tA : tB;
+      if (tt > 0) sm90::wgmma_fence();
+      issue_tile(acc, t);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      fence_regs(sc);
       fence_regs(acc);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const float2 ks = key_scales(tB, i);
+        const float2 ks = key_scales(t, i);
         sc[4 * i + 0] = fmaf(acc[4 * i + 0], ks.x, sc[4 * i + 0]);
         sc[4 * i + 1] = fmaf(acc[4 * i + 1], ks.y, sc[4 * i + 1]);
         sc[4 * i + 2] = fmaf(acc[4 * i + 2], ks.x, sc[4 * i + 2]);
         sc[4 * i + 3] = fmaf(acc[4 * i + 3], ks.y, sc[4 * i + 3]);
-      }
-      sm90::wgmma_fence();
-      issue_rope(true);
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
-      fence_regs(sc);
-    } else {
-      // rope first, straight into sc; then each scale tile into acc, drained and folded in.
-      issue_rope(false);
-#pragma unroll
-      for (int tt = 0; tt < 2; ++tt) {
-        const int t = tt == 0 ? tA : tB;
-        if (tt > 0) sm90::wgmma_fence();
-        issue_tile(acc, t);
-        sm90::wgmma_commit();
-        sm90::wgmma_wait<0>();
-        fence_regs(sc);
-        fence_regs(acc);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float2 ks = key_scales(t, i);
-          sc[4 * i + 0] = fmaf(acc[4 * i + 0], ks.x, sc[4 * i + 0]);
-          sc[4 * i + 1] = fmaf(acc[4 * i + 1], ks.y, sc[4 * i + 1]);
-          sc[4 * i + 2] = fmaf(acc[4 * i + 2], ks.x, sc[4 * i + 2]);
-          sc[4 * i + 3] = fmaf(acc[4 * i + 3], ks.y, sc[4 * i + 3]);
-        }
       }
     }
     // Full S = own partial + the other warpgroup's (same positions: thread tid_wg of either
@@ -345,7 +260,6 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
       const float4 v = red[((1 - wg) * 8 + j) * 128 + tid_wg];
       sc[4 * j] += v.x, sc[4 * j + 1] += v.y, sc[4 * j + 2] += v.z, sc[4 * j + 3] += v.w;
     }
-
     // Softmax (exp2 domain): mask with selects (a masked score must never turn into NaN). With a
     // positive row scale rs (softmax_scale > 0) the scores stay unscaled: max(s rs) = rs max(s)
     // exactly (rounding is monotonic) and the exponent is one fma(s, rs, -m); otherwise (rs <= 0,
@@ -373,8 +287,7 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
     for (int hh = 0; hh < 2; ++hh) {
       mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 1));
       mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 2)) * rs[hh];  // -inf stays -inf
-      // kLazy: move only past m_run + slack (from -inf, m_run + slack = -inf: any finite max moves it)
-      const float m_new = kLazy ? (mx[hh] > m_run[hh] + Cfg::kLazySlack ? mx[hh] : m_run[hh]) : fmaxf(m_run[hh], mx[hh]);
+      const float m_new = fmaxf(m_run[hh], mx[hh]);
       m_use[hh] = m_new == -INFINITY ? 0.f : m_new;  // all masked so far: exp2(-inf - 0) = 0
       corr[hh] = sm80::fast_exp2(m_run[hh] - m_use[hh]);
       m_run[hh] = m_new;
@@ -391,8 +304,7 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
     for (int v = 0; v < 2; ++v) {
       const int vt = 2 * wg + v;
       float v_rescale;
-      e4m3::update_scale_ref<kLazy ? 14 - Cfg::kLazySlack : 14>(s_scale[vt * kN + lane], s_scale[vt * kN + lane + 32], v_ref[v],
-                                                               v_rescale, v_inv[v]);
+      e4m3::update_scale_ref(s_scale[vt * kN + lane], s_scale[vt * kN + lane + 32], v_ref[v], v_rescale, v_inv[v]);
       const float c0 = corr[0] * v_rescale, c1 = corr[1] * v_rescale;
       if (!__all_sync(0xffffffffu, c0 == 1.f && c1 == 1.f)) {
 #pragma unroll
@@ -510,27 +422,24 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
 
 int sm90_fp8_m64_smem_bytes() { return Sm90Fp8Config::kSmemBytes; }
 
-template <bool kBulk, bool kLazy, bool kOverlapQK>
+template <bool kBulk>
 void launch_sm90_fp8(const SparseDecodeParams& p) {
   using Cfg = Sm90Fp8Config;
-  auto kernel = sparse_decode_sm90_fp8_kernel<kBulk, kLazy, kOverlapQK>;
+  auto kernel = sparse_decode_sm90_fp8_kernel<kBulk>;
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((p.h_q + Cfg::kM - 1) / Cfg::kM, p.num_splits, p.batch * p.s_q);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, p.stream>>>(p);
   MLA_CHECK_LAUNCH();
 }
 
-// MLA_EXT_SPARSE_SM90 picks a variant (comparisons and tests): cpasync (the first version's
-// 16-byte cp.async gather), bulk (+ one bulk copy per row), lazy (+ lazy softmax maximum),
-// overlap (+ overlapped S MMAs); default "overlap".
+// MLA_EXT_SPARSE_SM90=cpasync keeps the first version's gather (16-byte cp.async, 8 threads per
+// row) for comparisons and tests; the default ("bulk") copies each row with one bulk copy.
 void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p) {
   const char* env = std::getenv("MLA_EXT_SPARSE_SM90");
-  const std::string want = env != nullptr && env[0] != '\0' ? env : "overlap";
-  if (want == "cpasync") launch_sm90_fp8<false, false, false>(p);
-  else if (want == "bulk") launch_sm90_fp8<true, false, false>(p);
-  else if (want == "lazy") launch_sm90_fp8<true, true, false>(p);
-  else if (want == "overlap") launch_sm90_fp8<true, true, true>(p);
-  else throw std::runtime_error("mla_ext: MLA_EXT_SPARSE_SM90 must be cpasync, bulk, lazy or overlap, got " + want);
+  const std::string want = env != nullptr && env[0] != '\0' ? env : "bulk";
+  if (want == "bulk") launch_sm90_fp8<true>(p);
+  else if (want == "cpasync") launch_sm90_fp8<false>(p);
+  else throw std::runtime_error("mla_ext: MLA_EXT_SPARSE_SM90 must be bulk or cpasync, got " + want);
 }
 
 }  // namespace mla::sparse
