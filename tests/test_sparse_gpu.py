@@ -104,7 +104,7 @@ def test_h16_reads_same_rows_as_h64():
     assert_close(lse16, lse64[:, :16], cos_tol=1e-7, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("h_q", [16, "16-dequant", 32, 64, 128])
+@pytest.mark.parametrize("h_q", [16, "16-dequant", 32, 64, "64-portable", 128, "128-portable", "128-cpasync"])
 @pytest.mark.parametrize("q_exp", [-30, 0, 20])
 @pytest.mark.parametrize("splits", ["1", "3"])
 def test_fp8_ds_mla_scale_spread_and_q_magnitudes(h_q, q_exp, splits, monkeypatch):
@@ -121,6 +121,10 @@ def test_fp8_ds_mla_scale_spread_and_q_magnitudes(h_q, q_exp, splits, monkeypatc
     if h_q == "16-dequant":
         monkeypatch.setenv("MLA_EXT_SPARSE_FP8_DEQUANT", "1")
         h_q = 16
+    elif isinstance(h_q, str):  # "64-portable": the mma.sync kernel where sm90 runs the wgmma one
+        h_q, path = h_q.split("-")
+        h_q = int(h_q)
+        _select_64_head_path(path, monkeypatch)
     b, s_q, topk, bs = 2, 2, 700, 64
     num_blocks = 30
     cache, good, _ = make_cache(num_blocks, bs, "fp8_ds_mla", "cuda", poison_frac=0.1)
@@ -229,6 +233,64 @@ def test_small_fp8_16_head_paths(path, h_q, splits, monkeypatch):
     q, cache, idx, _ = _case(2, 2, h_q, 333, 61, "fp8_ds_mla", pad_pages=True)
     tl = torch.tensor([333, 140], dtype=torch.int32, device="cuda")
     _check(q, cache, idx, "fp8_ds_mla", tl, torch.randn(h_q, device="cuda"))
+
+
+def _select_64_head_path(path, monkeypatch):
+    """fp8_ds_mla 64-head tiles on sm90: "default" (the wgmma kernel, rows gathered by bulk copies),
+    "cpasync" (the same kernel gathering with 16-byte cp.async, MLA_EXT_SPARSE_SM90=cpasync), or
+    "portable" (the mma.sync kernel, MLA_EXT_FORCE_PORTABLE=1). Other GPUs run the portable
+    kernel for all of them."""
+    if path == "portable":
+        monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
+    elif path != "default":
+        monkeypatch.setenv("MLA_EXT_SPARSE_SM90", path)
+
+
+@pytest.mark.parametrize("path", ["default", "cpasync", "portable"])
+@pytest.mark.parametrize("h_q, b", [(64, 2), (128, 2), (40, 3), (128, 70)])
+@pytest.mark.parametrize("splits", ["1", "3"])
+def test_small_fp8_64_head_paths(path, h_q, b, splits, monkeypatch):
+    """fp8_ds_mla 64-head tiles: on sm90 the default is the wgmma kernel
+    (csrc/sparse/sm90/sparse_decode_sm90_fp8.cu; its cp.async gather by MLA_EXT_SPARSE_SM90=cpasync),
+    MLA_EXT_FORCE_PORTABLE=1 the mma.sync one.
+    Fresh random data, NaN in unused slots and page padding, odd topk, -1 / out-of-range /
+    duplicate indices, topk_length (one row cut inside a tile, one at 0), attn_sink with +-inf;
+    h_q 40 leaves 24 rows of the tile unused; b 70 x 2 tiles fills the GPU without splits."""
+    _select_64_head_path(path, monkeypatch)
+    monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", splits)
+    q, cache, idx, _ = _case(b, 2, h_q, 333, 61, "fp8_ds_mla", pad_pages=True)
+    tl = torch.randint(1, 334, (b,), dtype=torch.int32, device="cuda")
+    tl[0], tl[-1] = 333, 0
+    if b > 2:
+        tl[1] = 131
+    sink = torch.randn(h_q, device="cuda")
+    sink[1], sink[h_q - 1] = math.inf, -math.inf
+    out, lse = _check(q, cache, idx, "fp8_ds_mla", tl, sink)
+    assert (out[-1] == 0).all() and (lse[-1] == -math.inf).all() and (out[:, :, 1] == 0).all()
+
+
+@pytest.mark.parametrize("path", ["default", "cpasync", "portable"])
+@pytest.mark.parametrize("h_q", [64, 128])
+def test_fp8_64_head_rising_scores(path, h_q, monkeypatch):
+    """Scores that rise along the top-k list (rows c_k u + noise, q ~ u, indices in order), by ~2
+    (log2 units) per 64-key tile and once by ~28: the running maximum moves on every tile (O is
+    rescaled every tile), and the tile scales grow with c_k (the scale reference R moves too)."""
+    _select_64_head_path(path, monkeypatch)
+    monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", "1")
+    topk, bs = 2048, 64
+    u = torch.randn(576, device="cuda")
+    c = torch.linspace(0.2, 3.0, topk, device="cuda")
+    c[1500:] *= 1.6
+    kv = (c[:, None] * u[None, :] + 0.05 * torch.randn(topk, 576, device="cuda")).to(torch.bfloat16)
+    rows = reference.quantize_cache_rows(kv[:, :512], kv[:, 512:], "fp8_ds_mla")
+    cache = rows.view(topk // bs, bs, -1).contiguous()
+    q = (u[None, :] + 0.3 * torch.randn(h_q, 576, device="cuda")).to(torch.bfloat16).view(1, 1, h_q, 576)
+    idx = torch.arange(topk, dtype=torch.int32, device="cuda").view(1, 1, topk)
+    scale = 40.0 / (576 * float((u * u).mean()) * 3.0)  # scores span ~0..65 (natural log units)
+    out, lse = mla_ext.sparse_decode_mla(q, cache, idx, scale, "fp8_ds_mla")
+    ref_out, ref_lse = reference.sparse_decode_mla(q, cache, idx, scale, "fp8_ds_mla")
+    assert_close(out, ref_out, cos_tol=1e-5, atol=5e-3, rtol=1e-2, name="out vs fp32 spec")
+    assert_close(lse, ref_lse, cos_tol=1e-7, atol=5e-4, rtol=1e-4, name="lse vs fp32 spec")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -30,6 +30,9 @@ extern template void launch_sparse_decode_portable<32, CacheFormat::kFp8DsMla, 2
 extern template void launch_sparse_decode_portable<32, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1, false, 4>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1, false, 8>(const SparseDecodeParams&);
+// Compiled in sm90/sparse_decode_sm90_fp8.cu (the kernel body exists in sm_90a code only).
+void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p);
+int sm90_fp8_m64_smem_bytes();
 
 namespace {
 
@@ -127,10 +130,12 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
   MLA_HOST_CHECK(int64_t(p.batch) * p.s_q <= 65535, "sparse decode supports b * s_q <= 65535 query tokens per call");
   const DeviceInfo& info = device_info(device);
   const bool hopper = info.sm_version == 90 && !force_portable_from_env();
-  // Hopper path (wgmma for QK^T and PV, warp-specialised row gathering): not written yet, so
-  // sm90 takes the portable kernel too. The branch is where it plugs in.
-  (void)hopper;
   const int tile = sparse::head_tile(p.h_q);
+  // sm90: fp8_ds_mla 64-head tiles run the wgmma kernel (S and O with wgmma, one dequantised fp16
+  // K tile read by both; csrc/sparse/README.md). Everything else, and MLA_EXT_FORCE_PORTABLE=1,
+  // runs the portable kernels.
+  const bool sm90_fp8 = hopper && tile == 64 && p.format == CacheFormat::kFp8DsMla &&
+                        sparse::sm90_fp8_m64_smem_bytes() <= info.max_smem_per_block;
   auto by_format = [&]<int kM>() {
     if (p.format == CacheFormat::kAuto) {
       sparse::launch_portable<kM, CacheFormat::kAuto>(p, info.max_smem_per_block);
@@ -140,7 +145,9 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
       throw std::runtime_error("mla_ext: sparse decode reads 'auto' (bf16) or 'fp8_ds_mla' caches only");
     }
   };
-  if (tile == 16) {
+  if (sm90_fp8) {
+    sparse::launch_sparse_decode_sm90_fp8_m64(p);
+  } else if (tile == 16) {
     by_format.template operator()<16>();
   } else if (tile == 32) {
     by_format.template operator()<32>();

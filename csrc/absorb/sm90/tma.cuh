@@ -45,6 +45,15 @@ __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
+// ---- plain bulk copy global -> shared of `bytes` (multiple of 16, both addresses 16-byte
+// aligned), completing `bytes` transactions on mbarrier `bar`: one instruction per contiguous row
+// instead of one 16-byte cp.async per thread and chunk.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
 // ---- bulk tensor loads global -> shared, completing `bytes` on mbarrier `bar`. Coordinates are
 // in elements, innermost first; rows outside the tensor arrive as zeros (and still count).
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {

@@ -34,6 +34,24 @@ __device__ __forceinline__ uint8_t* align_to_swizzle_atom(uint8_t* smem_raw) {
   return smem_raw + ((1024 - sm80::smem_addr(smem_raw) % 1024) % 1024);
 }
 
+// A descriptor split into its constant high word (stride byte offset, layout) and a low word
+// (start address >> 4, leading byte offset), for kernels that step one base through many MMAs:
+// at(bytes) adds bytes >> 4 to the start address only (shared addresses stay below 2^18, so the
+// field cannot carry), one add per MMA instead of masking and shifting a new address each time.
+struct SmemDesc {
+  uint32_t lo, hi;
+  __device__ __forceinline__ uint64_t at(uint32_t byte_offset) const {
+    return (static_cast<uint64_t>(hi) << 32) | (lo + (byte_offset >> 4));
+  }
+  // The base moved by `bytes` (a runtime offset taken out of the per-MMA constant ones).
+  __device__ __forceinline__ SmemDesc plus(uint32_t byte_offset) const { return {lo + (byte_offset >> 4), hi}; }
+};
+// = kmajor_sw128_desc(base + bytes) for at(bytes)
+__device__ __forceinline__ SmemDesc kmajor_sw128(uint32_t base) {
+  const uint64_t d = kmajor_sw128_desc(base);
+  return {static_cast<uint32_t>(d), static_cast<uint32_t>(d >> 32)};
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int kPending>
@@ -48,6 +66,14 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 // Keeps the compiler from moving accumulator reads/writes across wgmma issue and wait.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
+// The accumulator operands of the m64nN wgmma wrappers below ("+f" constraints of d[o] .. d[o + 15]).
+#define MLA_WGMMA_D16(d, o)                                                                                          \
+  "+f"(d[o + 0]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), "+f"(d[o + 6]),     \
+      "+f"(d[o + 7]), "+f"(d[o + 8]), "+f"(d[o + 9]), "+f"(d[o + 10]), "+f"(d[o + 11]), "+f"(d[o + 12]), "+f"(d[o + 13]), \
+      "+f"(d[o + 14]), "+f"(d[o + 15])
+#define MLA_WGMMA_D32(d) MLA_WGMMA_D16(d, 0), MLA_WGMMA_D16(d, 16)
+#define MLA_WGMMA_D64(d) MLA_WGMMA_D32(d), MLA_WGMMA_D16(d, 32), MLA_WGMMA_D16(d, 48)
+
 // d[64 x 128] (+)= a[64 x 16] * b[16 x 128], both K-major in shared memory, fp32 accumulators in
 // the m64nNk16 fragment layout: d[4 i + e] is row 16 (warp % 4) + lane / 4 + 8 (e / 2), column
 // 8 i + 2 (lane % 4) + e % 2. accumulate = false overwrites d.
@@ -56,14 +82,7 @@ __device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t d
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : MLA_WGMMA_D64(d)
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
 }
 
@@ -73,10 +92,7 @@ __device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t de
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : MLA_WGMMA_D32(d)
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
 }
 
@@ -86,9 +102,47 @@ __device__ __forceinline__ void wgmma_m64n32k16_bf16(float (&d)[16], uint64_t de
       "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : MLA_WGMMA_D16(d, 0)
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+// Descriptor of an MN-major 16-bit operand in the 128-byte swizzle (used for B = V in P V: the
+// rows of the tile are the K dimension, 64 consecutive N elements per 128-byte row). Canonical
+// layout: 8-row groups of 1024 bytes along K, `sbo` bytes apart; 64-element blocks along N,
+// `lbo` bytes apart (both multiples of 16). Same 1024-byte aligned swizzle atoms as above.
+__device__ __forceinline__ uint64_t mnmajor_sw128_desc(uint32_t smem_byte_addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((smem_byte_addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+// = mnmajor_sw128_desc(base + bytes, lbo, sbo) for at(bytes)
+__device__ __forceinline__ SmemDesc mnmajor_sw128(uint32_t base, uint32_t lbo, uint32_t sbo) {
+  const uint64_t d = mnmajor_sw128_desc(base, lbo, sbo);
+  return {static_cast<uint32_t>(d), static_cast<uint32_t>(d >> 32)};
+}
+
+// d[64 x 64] (+)= a[64 x 16] * b[16 x 64] with fp16 operands, both K-major in shared memory
+// (the fp16 twin of wgmma_m64n64k16_bf16; same fragment layout).
+__device__ __forceinline__ void wgmma_m64n64k16_f16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : MLA_WGMMA_D32(d)
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+// d[64 x 128] += a[64 x 16] * b[16 x 128], fp16: A from registers (the m16n8k16 A fragment of
+// the warp's 16 rows: a[0] = rows lane / 4, k 2 (lane % 4) + {0, 1}; a[1] = rows + 8; a[2], a[3] =
+// k + 8), B MN-major in shared memory (imm-trans-b = 1). Always accumulates.
+__device__ __forceinline__ void wgmma_m64n128k16_f16_rs_mn(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : MLA_WGMMA_D64(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 }
 
 // d[64 x N] (+)= a[64 x 16] * b[16 x N] for N = 32, 64 or 128 (the overloads above).

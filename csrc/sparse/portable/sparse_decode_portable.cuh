@@ -126,6 +126,174 @@ __device__ __forceinline__ float sink_factor(float lse, float sink) {
   return 1.f / (1.f + expf(sink - lse));
 }
 
+// ---- pieces shared with the sm90 kernel (sm90/sparse_decode_sm90_fp8.cu) ----------------------
+
+// A CTA's work (grid = (head tiles, splits, b * s_q)): query token (b, s) = bs, split `split`,
+// the tile_keys-key tiles [tile_begin, tile_begin + num_tiles) of its top-k list idx_row. Entries
+// past topk_length are invalid, so whole tiles past it are skipped.
+struct CtaWork {
+  int bs, b, s, split;
+  int num_keys, tile_begin, num_tiles;
+  const int32_t* idx_row;
+};
+__device__ __forceinline__ CtaWork cta_work(const SparseDecodeParams& p, int tile_keys) {
+  CtaWork w;
+  w.split = blockIdx.y;
+  w.bs = blockIdx.z, w.b = w.bs / p.s_q, w.s = w.bs % p.s_q;
+  w.num_keys = p.topk;
+  if (p.topk_length != nullptr) w.num_keys = min(w.num_keys, max(p.topk_length[w.b], 0));
+  const int total_tiles = (w.num_keys + tile_keys - 1) / tile_keys;
+  w.tile_begin = w.split * p.tiles_per_split;
+  w.num_tiles = max(0, min(total_tiles, w.tile_begin + p.tiles_per_split) - w.tile_begin);
+  w.idx_row = p.indices + w.b * p.stride_indices_b + w.s * p.stride_indices_s;
+  return w;
+}
+
+// The slot of top-k entry `key` (-1 past num_keys), read through the non-coherent path by
+// volatile asm: callers issue it after the current tile's copies, into the register the next
+// tile's copies use, so that it never stalls the copy issue (csrc/sparse/README.md).
+__device__ __forceinline__ int32_t fetch_slot_ahead(const int32_t* idx_row, int key, int num_keys) {
+  int32_t v = -1;
+  if (key < num_keys) asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(idx_row + key));
+  return v;
+}
+
+// Q tile of kM heads x 72 16-byte chunks by cp.async (all kThreads threads); heads past h_q are
+// zero-filled, never read. addr(r, c) = byte offset of chunk c of head row r in s_q.
+template <int kM, int kThreads, typename Addr>
+__device__ __forceinline__ void load_q_tile(const SparseDecodeParams& p, int b, int s, int h0, int tid, uint8_t* s_q, Addr addr) {
+  constexpr int kChunks = kLatentDim / 8;
+  const auto* q = static_cast<const __nv_bfloat16*>(p.q) + b * p.stride_q_b + s * p.stride_q_s;
+  for (int i = tid; i < kM * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool ok = h0 + r < p.h_q;
+    const void* src = ok ? static_cast<const void*>(q + (h0 + r) * p.stride_q_h + 8 * c) : p.q;
+    sm80::cp_async16(sm80::smem_addr(s_q + addr(r, c)), src, ok);
+  }
+}
+
+// Slots are int32: block_size clamped to 2^31 divides them exactly like the int64 value, with a
+// 32-bit unsigned division (the cache strides stay 64-bit).
+__device__ __forceinline__ uint32_t block_size_u32(const SparseDecodeParams& p) {
+  return p.block_size < (int64_t(1) << 31) ? static_cast<uint32_t>(p.block_size) : 0x80000000u;
+}
+// Global address of cache row `slot`; an invalid slot (ok false) gives the cache base, which the
+// copies then read with src-size 0.
+__device__ __forceinline__ const uint8_t* slot_row(const SparseDecodeParams& p, const uint8_t* cache, int32_t slot, bool ok,
+                                                   uint32_t block_size32) {
+  const uint32_t blk = ok ? static_cast<uint32_t>(slot) / block_size32 : 0u;
+  const uint32_t tok = ok ? static_cast<uint32_t>(slot) - blk * block_size32 : 0u;
+  return ok ? cache + int64_t(blk) * p.stride_cache_block_bytes + int64_t(tok) * p.stride_cache_token_bytes : cache;
+}
+
+// fp8_ds_mla: thread `part` of a row's kRowT threads copies 16-byte chunks part, part + kRowT, ...
+// of the 656-byte row into dst_row (zero-filled when !ok).
+template <int kRowT>
+__device__ __forceinline__ void copy_ds_mla_row_part(uint8_t* dst_row, const uint8_t* row, int part, bool ok) {
+  constexpr int kRawChunks = kDsMlaRowBytes / 16;
+#pragma unroll
+  for (int j = 0; j < (kRawChunks + kRowT - 1) / kRowT; ++j) {
+    const int c = part + kRowT * j;
+    if (c < kRawChunks) sm80::cp_async16(sm80::smem_addr(dst_row + 16 * c), row + 16 * c, ok);
+  }
+}
+
+// fp8_ds_mla staging rows (kN x 656 bytes) -> K tile: kv_c e4m3 -> fp16 (exact, one cvt per two
+// values, no scale), k_pe copied (bf16); the caller stores the scales. Fixed work per thread, no
+// branches: lane c converts 16-byte chunk c of rows warp + kWarps j (loaded 4 at a time so the
+// shared loads overlap), then each thread copies 2 of the kN x 8 k_pe chunks. addr(r, c) = byte
+// offset of 16-byte chunk c (8 dims, 0..71) of key row r in s_k.
+template <int kN, int kWarps, int kThreads, typename Addr>
+__device__ __forceinline__ void dequant_ds_mla_rows(const uint8_t* s_stage, uint8_t* s_k, int warp, int lane, int tid, Addr addr) {
+  const int c = lane;
+#pragma unroll
+  for (int j0 = 0; j0 < kN / kWarps; j0 += 4) {
+    uint4 v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[j] = *reinterpret_cast<const uint4*>(s_stage + (warp + kWarps * (j0 + j)) * kDsMlaRowBytes + 16 * c);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = warp + kWarps * (j0 + j);
+      uint32_t h[8];
+      e4m3::x4_to_f16x2x2(v[j].x, h[0], h[1]);
+      e4m3::x4_to_f16x2x2(v[j].y, h[2], h[3]);
+      e4m3::x4_to_f16x2x2(v[j].z, h[4], h[5]);
+      e4m3::x4_to_f16x2x2(v[j].w, h[6], h[7]);
+      // Output chunks 2c, 2c + 1; lanes c / 4 odd store the odd one first, so that the 8 lanes
+      // of each store phase hit 8 different 16-byte bank groups.
+      const int first = (c >> 2) & 1;
+      const uint4 lo = make_uint4(h[0], h[1], h[2], h[3]), hi = make_uint4(h[4], h[5], h[6], h[7]);
+      *reinterpret_cast<uint4*>(s_k + addr(r, 2 * c + first)) = first ? hi : lo;
+      *reinterpret_cast<uint4*>(s_k + addr(r, 2 * c + 1 - first)) = first ? lo : hi;
+    }
+  }
+  static_assert(kN * 8 == 2 * kThreads, "k_pe: two chunks per thread");
+  uint4 pe[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int i = tid + kThreads * j;
+    pe[j] = *reinterpret_cast<const uint4*>(s_stage + (i / 8) * kDsMlaRowBytes + kDsMlaRopeOffset + 16 * (i % 8));
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int i = tid + kThreads * j;
+    *reinterpret_cast<uint4*>(s_k + addr(i / 8, kKvLoraRank / 8 + i % 8)) = pe[j];
+  }
+}
+
+// fp8_ds_mla: q rows in place to q' = q 2^-e_r, fp16 for kv_c (the e4m3 operand type) and bf16
+// for q_pe; e_r puts max |q_r| in [2^14, 2^15), so q' equals q but for values 2^-28 below the
+// row's largest (fp16 subnormals). 2^e_r goes into the row's softmax scale (s_row_exp[r] = e_r).
+// Warp w takes rows w, w + kWarps, ...: the row's lanes find its exponent and convert it, no
+// barrier in between. addr(r, c) = byte offset of 16-byte chunk c (0..71) of row r in s_q (the
+// portable and the sm90 kernels lay Q out differently).
+template <int kM, int kWarps, typename Addr>
+__device__ __forceinline__ void normalise_q_rows(uint8_t* s_q, int* s_row_exp, int warp, int lane, Addr addr) {
+  constexpr int kChunks = kLatentDim / 8;
+  for (int r = warp; r < kM; r += kWarps) {
+    uint4 v[3];
+    float mx = 0.f;
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+      const int c = lane + 32 * j;
+      if (c < kChunks) {
+        v[j] = *reinterpret_cast<const uint4*>(s_q + addr(r, c));
+        const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 f = __bfloat1622float2(h[k]);
+          mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+      }
+    }
+#pragma unroll
+    for (int d = 16; d >= 1; d /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+    int e = 0;
+    if (mx > 0.f && mx <= 3.0e38f) {
+      frexpf(mx, &e);
+      e = max(e - 15, -120);  // mx 2^-e in [2^14, 2^15); 2^-e stays a normal float
+    }
+    const float f = e4m3::pow2(-e);
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+      const int c = lane + 32 * j;
+      if (c < kChunks) {
+        const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 x = __bfloat1622float2(h[k]);
+          w[k] = c < kKvLoraRank / 8 ? sm80::pack2<__half>(x.x * f, x.y * f) : sm80::pack2<__nv_bfloat16>(x.x * f, x.y * f);
+        }
+        *reinterpret_cast<uint4*>(s_q + addr(r, c)) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+    if (lane == 0) s_row_exp[r] = e;
+  }
+}
+
 template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     sparse_decode_portable_kernel(const __grid_constant__ SparseDecodeParams p) {
@@ -144,75 +312,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int row_group = warp / Cfg::kColGroups, col_group = warp % Cfg::kColGroups;
   const int h0 = blockIdx.x * kM;
-  const int split = blockIdx.y;
-  const int bs = blockIdx.z, b = bs / p.s_q, s = bs % p.s_q;
-
-  // Keys this CTA covers: [key_begin, key_end) of the top-k list; entries past topk_length
-  // are invalid, so whole tiles past it are skipped.
-  int num_keys = p.topk;
-  if (p.topk_length != nullptr) num_keys = min(num_keys, max(p.topk_length[b], 0));
-  const int total_tiles = (num_keys + kN - 1) / kN;
-  const int tile_begin = split * p.tiles_per_split;
-  const int num_tiles = max(0, min(total_tiles, tile_begin + p.tiles_per_split) - tile_begin);
-  const int32_t* idx_row = p.indices + b * p.stride_indices_b + s * p.stride_indices_s;
+  const CtaWork work = cta_work(p, kN);
+  const int split = work.split, bs = work.bs, b = work.b, s = work.s;
+  const int num_keys = work.num_keys, tile_begin = work.tile_begin, num_tiles = work.num_tiles;
   const uint8_t* cache = static_cast<const uint8_t*>(p.kv_cache);
 
   // ---- loaders (all 256 threads) --------------------------------------------------------
   // Q tile: kM heads x 72 chunks; heads past h_q are zero-filled, never read.
   auto load_q = [&]() {
-    const auto* q = static_cast<const __nv_bfloat16*>(p.q) + b * p.stride_q_b + s * p.stride_q_s;
-    for (int i = tid; i < kM * kChunks; i += Cfg::kThreads) {
-      const int r = i / kChunks, c = i % kChunks;
-      const bool ok = h0 + r < p.h_q;
-      const void* src = ok ? static_cast<const void*>(q + (h0 + r) * p.stride_q_h + 8 * c) : p.q;
-      sm80::cp_async16(sm80::smem_addr(s_q + swz<kChunks>(r, c)), src, ok);
-    }
+    load_q_tile<kM, Cfg::kThreads>(p, b, s, h0, tid, s_q, [](int r, int c) { return swz<Cfg::kChunks>(r, c); });
   };
-  // fp8_ds_mla: q rows in place to q' = q 2^-e_r, fp16 for kv_c (the e4m3 operand type) and bf16
-  // for q_pe; e_r puts max |q_r| in [2^14, 2^15), so q' equals q but for values 2^-28 below the
-  // row's largest (fp16 subnormals). 2^e_r goes into the row's softmax scale. Warp w takes rows
-  // w, w + 8, ...: the row's lanes find its exponent and convert it, no barrier in between.
+  // fp8_ds_mla: q rows in place to q' = q 2^-e_r (normalise_q_rows).
   auto prepare_q_fp16 = [&]() {
-    for (int r = warp; r < kM; r += Cfg::kWarps) {
-      uint4 v[3];
-      float mx = 0.f;
-#pragma unroll
-      for (int j = 0; j < 3; ++j) {
-        const int c = lane + 32 * j;
-        if (c < kChunks) {
-          v[j] = *reinterpret_cast<const uint4*>(s_q + swz<kChunks>(r, c));
-          const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const float2 f = __bfloat1622float2(h[k]);
-            mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
-          }
-        }
-      }
-#pragma unroll
-      for (int d = 16; d >= 1; d /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
-      int e = 0;
-      if (mx > 0.f && mx <= 3.0e38f) {
-        frexpf(mx, &e);
-        e = max(e - 15, -120);  // mx 2^-e in [2^14, 2^15); 2^-e stays a normal float
-      }
-      const float f = e4m3::pow2(-e);
-#pragma unroll
-      for (int j = 0; j < 3; ++j) {
-        const int c = lane + 32 * j;
-        if (c < kChunks) {
-          const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
-          uint32_t w[4];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const float2 x = __bfloat1622float2(h[k]);
-            w[k] = c < kKvLoraRank / 8 ? sm80::pack2<__half>(x.x * f, x.y * f) : sm80::pack2<__nv_bfloat16>(x.x * f, x.y * f);
-          }
-          *reinterpret_cast<uint4*>(s_q + swz<kChunks>(r, c)) = make_uint4(w[0], w[1], w[2], w[3]);
-        }
-      }
-      if (lane == 0) s_row_exp[r] = e;
-    }
+    normalise_q_rows<kM, Cfg::kWarps>(s_q, s_row_exp, warp, lane, [](int r, int c) { return swz<Cfg::kChunks>(r, c); });
   };
   // One tile of gathered rows: kRowThreads threads per row, each issues its row's chunks part,
   // part + kRowThreads, ... so one thread computes kRowThreads / 4 row addresses and keeps ~10-18
@@ -226,17 +338,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // every tile.
   constexpr int kRowT = Cfg::kRowThreads, kRowsPerPass = Cfg::kThreads / kRowT, kPasses = kN / kRowsPerPass;
   const int load_row = tid / kRowT;
-  auto fetch_slot = [&](int tile, int pass) -> int32_t {
-    const int key = tile * kN + load_row + kRowsPerPass * pass;
-    int32_t v = -1;
-    if (key < num_keys) asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(idx_row + key));
-    return v;
-  };
+  auto fetch_slot = [&](int tile, int pass) { return fetch_slot_ahead(work.idx_row, tile * kN + load_row + kRowsPerPass * pass, num_keys); };
   int32_t next_slot[kPasses];
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = fetch_slot(tile_begin, pass);
-  // Slots are int32: block_size clamped to 2^31 divides them exactly like the int64 value.
-  const uint32_t block_size32 = p.block_size < (int64_t(1) << 31) ? static_cast<uint32_t>(p.block_size) : 0x80000000u;
+  const uint32_t block_size32 = block_size_u32(p);
   auto load_tile = [&](int tile, uint8_t* dst, int valid_slot) {
     const int part = tid % kRowT;
 #pragma unroll
@@ -245,11 +351,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int32_t slot = next_slot[pass];
       const bool ok = slot >= 0 && slot < p.num_slots;
       if (part == 0) s_valid[valid_slot * kN + r] = ok;
-      // 32-bit unsigned division (the cache strides stay 64-bit).
-      const uint32_t blk = ok ? static_cast<uint32_t>(slot) / block_size32 : 0u;
-      const uint32_t tok = ok ? static_cast<uint32_t>(slot) - blk * block_size32 : 0u;
-      const uint8_t* row = ok ? cache + int64_t(blk) * p.stride_cache_block_bytes + int64_t(tok) * p.stride_cache_token_bytes
-                              : cache;
+      const uint8_t* row = slot_row(p, cache, slot, ok, block_size32);
       if constexpr (!Cfg::kDsMla) {
 #pragma unroll
         for (int j = 0; j < (kChunks + kRowT - 1) / kRowT; ++j) {
@@ -259,61 +361,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           }
         }
       } else {
-#pragma unroll
-        for (int j = 0; j < (Cfg::kRawChunks + kRowT - 1) / kRowT; ++j) {
-          const int c = part + kRowT * j;
-          if (c < Cfg::kRawChunks) {
-            sm80::cp_async16(sm80::smem_addr(dst + r * kDsMlaRowBytes + 16 * c), row + 16 * c, ok);
-          }
-        }
+        copy_ds_mla_row_part<kRowT>(dst + r * kDsMlaRowBytes, row, part, ok);
       }
     }
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = fetch_slot(tile + 1, pass);
   };
 
-  // fp8_ds_mla staging -> K tile: kv_c e4m3 -> fp16 (exact, one cvt per two values, no scale),
-  // k_pe copied (bf16); the 4 tile scales per key go to s_kscale and are applied to the partial
-  // scores and to P (see compute_tile). Fixed work per thread, no branches: lane c converts 16-byte
-  // chunk c of rows warp + 8 j (8 rows, loaded 4 at a time so the shared loads overlap), then
-  // copies 2 of the 512 k_pe chunks.
+  // fp8_ds_mla staging -> K tile (dequant_ds_mla_rows); the 4 tile scales per key go to s_kscale
+  // and are applied to the partial scores and to P (see compute_tile).
   auto dequant_tile = [&](const uint8_t* s_stage) {
-    const int c = lane;
-#pragma unroll
-    for (int j0 = 0; j0 < kN / Cfg::kWarps; j0 += 4) {
-      uint4 v[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        v[j] = *reinterpret_cast<const uint4*>(s_stage + (warp + 8 * (j0 + j)) * kDsMlaRowBytes + 16 * c);
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int r = warp + 8 * (j0 + j);
-        uint32_t h[8];
-        e4m3::x4_to_f16x2x2(v[j].x, h[0], h[1]);
-        e4m3::x4_to_f16x2x2(v[j].y, h[2], h[3]);
-        e4m3::x4_to_f16x2x2(v[j].z, h[4], h[5]);
-        e4m3::x4_to_f16x2x2(v[j].w, h[6], h[7]);
-        // Output chunks 2c, 2c + 1; lanes c / 4 odd store the odd one first, so that the 8 lanes
-        // of each store phase hit 8 different 16-byte bank groups.
-        const int first = (c >> 2) & 1;
-        const uint4 lo = make_uint4(h[0], h[1], h[2], h[3]), hi = make_uint4(h[4], h[5], h[6], h[7]);
-        *reinterpret_cast<uint4*>(s_k + swz<kChunks>(r, 2 * c + first)) = first ? hi : lo;
-        *reinterpret_cast<uint4*>(s_k + swz<kChunks>(r, 2 * c + 1 - first)) = first ? lo : hi;
-      }
-    }
-    static_assert(kN * 8 == 2 * Cfg::kThreads, "k_pe: two chunks per thread");
-    uint4 pe[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int i = tid + Cfg::kThreads * j;
-      pe[j] = *reinterpret_cast<const uint4*>(s_stage + (i / 8) * kDsMlaRowBytes + kDsMlaRopeOffset + 16 * (i % 8));
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int i = tid + Cfg::kThreads * j;
-      *reinterpret_cast<uint4*>(s_k + swz<kChunks>(i / 8, 64 + i % 8)) = pe[j];
-    }
+    dequant_ds_mla_rows<kN, Cfg::kWarps, Cfg::kThreads>(s_stage, s_k, warp, lane, tid,
+                                                        [](int r, int c) { return swz<Cfg::kChunks>(r, c); });
     if (tid < kN) {
       reinterpret_cast<float4*>(s_kscale)[tid] = *reinterpret_cast<const float4*>(s_stage + tid * kDsMlaRowBytes + kDsMlaScaleOffset);
     }

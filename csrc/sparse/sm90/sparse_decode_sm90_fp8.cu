@@ -1,0 +1,445 @@
+// Sparse top-k MLA decode on sm90a: fp8_ds_mla cache, 64-head tiles, wgmma.
+//
+// Same contract and grid as the portable 64-head kernel (csrc/sparse/README.md): one CTA = one
+// query token, 64 heads, one split of the top-k list; 256 threads; 64-key tiles gathered into one
+// staging buffer (one cp.async.bulk per 656-byte row, threads 0-63, completion counted by an
+// mbarrier; MLA_EXT_SPARSE_SM90=cpasync: the portable kernels' 16-byte cp.async, 8 threads per
+// row), then dequantised e4m3 -> fp16 (exact, no scale) into one K tile. What changes is the
+// math, which the portable kernel runs as mma.sync with ldmatrix of both operands per warp
+// (Nsight Compute: issue-bound around shared loads, ~430 KB of operand reads per tile):
+//
+//   S = Q K^T   warpgroup g (threads 128 g ..) takes the dims of scale tiles 2g, 2g + 1 and
+//               rope dims 32 g .. + 31 for all 64 heads x 64 keys: wgmma m64n64k16 with both
+//               operands in shared memory (read once per warpgroup by the hardware). Each
+//               scale tile accumulates on its own and is multiplied by its keys' fp32 scale
+//               (scales stay out of the operands, as in the portable kernel); rope (bf16) adds
+//               unscaled. The two warpgroups' partial S meet through shared memory (each thread
+//               reads the other warpgroup's value at its own position), so both then hold the
+//               full S and run the same softmax: a row's 64 keys sit in one quad of lanes, the
+//               row max needs two shuffles and no barrier.
+//   O += P V    warpgroup g owns output columns 256 g .. + 255 (value scale tiles 2g, 2g + 1),
+//               O in registers (2 x 64 fp32 per thread). A = P' = P scale[k, vt] / R_vt in fp16
+//               straight from the softmax registers (the accumulator layout is the A fragment
+//               layout), B = V read from the same fp16 K tile as an MN-major operand. R_vt is
+//               the running scale reference of the portable kernel (e4m3::update_scale_ref).
+//
+// Shared memory: Q and K as 9 blocks of [64 rows][64 dims] in the 128-byte swizzle (blocks 0-7
+// kv_c in fp16, block 8 rope in bf16), the staging rows, the partial S of both warpgroups.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "absorb/sm90/tma.cuh"
+#include "absorb/sm90/wgmma.cuh"
+#include "common/cuda_check.h"
+#include "common/e4m3.cuh"
+#include "common/sm80.cuh"
+#include "common/types.h"
+#include "sparse/portable/sparse_decode_portable.cuh"  // shared pieces: key_tiles, load_q_tile, slot_row, dequant_ds_mla_rows, ...
+#include "sparse/sparse_decode.h"
+
+namespace mla::sparse {
+
+struct Sm90Fp8Config {
+  static constexpr int kM = 64;         // heads per CTA
+  static constexpr int kN = 64;         // keys per tile
+  static constexpr int kThreads = 256;  // 2 warpgroups
+  static constexpr int kRowThreads = 8;  // threads per gathered row (as the portable kernels)
+  static constexpr int kBlockBytes = 64 * 128;          // [64 rows][64 dims] 16-bit, one swizzle block
+  static constexpr int kTileBytes = 9 * kBlockBytes;    // 576 dims
+  static constexpr int kRawBytes = kN * kDsMlaRowBytes;  // one staging tile of 656-byte rows
+  static constexpr int kRedBytes = 2 * 32 * 128 * 4;    // partial S: [warpgroup][32 values][128 threads] fp32
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffK = kOffQ + kTileBytes;
+  static constexpr int kOffRaw = kOffK + kTileBytes;
+  static constexpr int kOffRed = kOffRaw + kRawBytes;
+  static constexpr int kOffScale = kOffRed + kRedBytes;  // [4 scale tiles][64 keys] fp32 of the K tile
+  static constexpr int kOffValid = kOffScale + 4 * kN * 4;  // [2][64] int: tiles alternate (gather of t + 1 during t)
+  static constexpr int kOffRowExp = kOffValid + 2 * kN * 4;  // [64] int: q row exponents
+  static constexpr int kOffBar = kOffRowExp + kM * 4;         // mbarrier of the staging tile (bulk gather)
+  // + 1 KiB so that the base can be rounded up to the 1024 bytes the swizzle atoms need
+  static constexpr int kSmemBytes = kOffBar + 8 + 1024;
+  static_assert(kOffK % 1024 == 0 && kOffRaw % 16 == 0 && kOffRed % 16 == 0 && kOffBar % 8 == 0, "alignment");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of sm90");
+};
+
+// Byte offset of 16-byte chunk c (8 dims, 0..71) of row r in a Q or K tile: block c / 8, row r
+// of 128 bytes, chunk c % 8 XOR-swizzled by r % 8 (what the wgmma descriptors' 128-byte swizzle
+// expects on 1024-byte aligned blocks).
+__device__ __forceinline__ uint32_t sw128_off(int r, int c) {
+  return static_cast<uint32_t>((c / 8) * Sm90Fp8Config::kBlockBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16));
+}
+
+// kBulk: rows gathered by one cp.async.bulk per row (64 threads issue, an mbarrier counts the
+// bytes) instead of 41 16-byte cp.async per row spread over 8 threads: Nsight Compute showed the
+// cp.async issue (LSU queue full: mio stalls, and the register reuse after it) as ~25% of the
+// stall samples; measured 621.5 vs 650.9 us (b128 s_q2 h_q128, same run, README.md). Its own cost
+// now: the compiler serialises the 32 copies of each of warps 0-1 (the copy takes uniform-register
+// operands), which delays warpgroup 0's S MMAs (~20% of the stall samples at 69f4edf); spreading
+// the rows over all 8 warps is the next thing to try.
+template <bool kBulk>
+__global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
+    sparse_decode_sm90_fp8_kernel(const __grid_constant__ SparseDecodeParams p) {
+#if MLA_SM90A
+  using Cfg = Sm90Fp8Config;
+  constexpr int kN = Cfg::kN;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = sm90::align_to_swizzle_atom(smem_raw);
+  uint8_t* s_q = smem + Cfg::kOffQ;
+  uint8_t* s_k = smem + Cfg::kOffK;
+  uint8_t* s_raw = smem + Cfg::kOffRaw;
+  float* s_red = reinterpret_cast<float*>(smem + Cfg::kOffRed);
+  float* s_scale = reinterpret_cast<float*>(smem + Cfg::kOffScale);
+  int* s_valid = reinterpret_cast<int*>(smem + Cfg::kOffValid);
+  int* s_row_exp = reinterpret_cast<int*>(smem + Cfg::kOffRowExp);
+  const uint32_t bar = sm80::smem_addr(smem + Cfg::kOffBar);
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  // warpgroup (through a shuffle, so that the compiler knows it is warp-uniform and keeps the
+  // wgmma descriptors derived from it in uniform registers), thread and warp within it
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), tid_wg = tid % 128, wq = warp % 4;
+  const int qd = lane % 4;
+  const int h0 = blockIdx.x * Cfg::kM;
+  const CtaWork work = cta_work(p, kN);
+  const int split = work.split, bs = work.bs, b = work.b, s = work.s;
+  const int num_keys = work.num_keys, tile_begin = work.tile_begin, num_tiles = work.num_tiles;
+  const uint8_t* cache = static_cast<const uint8_t*>(p.kv_cache);
+
+  // ---- loaders ------------------------------------------------------------------------------
+  auto load_q = [&]() { load_q_tile<Cfg::kM, Cfg::kThreads>(p, b, s, h0, tid, s_q, [](int r, int c) { return sw128_off(r, c); }); };
+  // Row gather into the staging tile; invalid keys are zero-filled and never read. Each thread's
+  // slots of the next tile are fetched after its copies (fetch_slot_ahead). kBulk: thread r < 64
+  // copies row r; else as the portable kernels, 8 threads per row (2 rows per thread), each copying
+  // every 8th 16-byte chunk.
+  constexpr int kRowT = Cfg::kRowThreads, kRowsPerPass = Cfg::kThreads / kRowT, kPasses = kN / kRowsPerPass;
+  constexpr int kRawChunks = kDsMlaRowBytes / 16;
+  const int load_row = tid / kRowT, part = tid % kRowT;
+  auto fetch_slot = [&](int tile, int pass) {
+    return fetch_slot_ahead(work.idx_row, tile * kN + (kBulk ? tid : load_row + kRowsPerPass * pass), num_keys);
+  };
+  int32_t next_slot[kPasses];
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = !kBulk || (pass == 0 && tid < kN) ? fetch_slot(tile_begin, pass) : -1;
+  const uint32_t block_size32 = block_size_u32(p);
+  auto load_tile = [&](int tile, int valid_slot) {
+    if constexpr (kBulk) {
+      // Thread r < 64 copies row r whole; an invalid row is zero-filled here (the dequantised
+      // tile must stay finite: P = 0 times V must be 0). Every row thread arrives once (the
+      // barrier counts 64 arrivals); valid rows add their bytes as transactions.
+      if (tid < kN) {
+        const int32_t slot = next_slot[0];
+        const bool ok = slot >= 0 && slot < p.num_slots;
+        s_valid[valid_slot * kN + tid] = ok;
+        uint8_t* dst = s_raw + tid * kDsMlaRowBytes;
+        if (ok) {
+          const uint8_t* row = slot_row(p, cache, slot, true, block_size32);
+          sm90::mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
+          sm90::bulk_load(sm80::smem_addr(dst), row, kDsMlaRowBytes, bar);
+        } else {
+#pragma unroll 1
+          for (int c = 0; c < kRawChunks; ++c) reinterpret_cast<uint4*>(dst)[c] = make_uint4(0, 0, 0, 0);
+          sm90::mbar_arrive(bar);
+        }
+        next_slot[0] = fetch_slot(tile + 1, 0);
+      }
+    } else {
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int r = load_row + kRowsPerPass * pass;
+        const int32_t slot = next_slot[pass];
+        const bool ok = slot >= 0 && slot < p.num_slots;
+        if (part == 0) s_valid[valid_slot * kN + r] = ok;
+        const uint8_t* row = slot_row(p, cache, slot, ok, block_size32);
+        // (copy_ds_mla_row_part's loop, written out: through the helper the compiler schedules this
+        // kernel differently from the build that ran on the GPU)
+#pragma unroll
+        for (int j = 0; j < (kRawChunks + kRowT - 1) / kRowT; ++j) {
+          const int c = part + kRowT * j;
+          if (c < kRawChunks) sm80::cp_async16(sm80::smem_addr(s_raw + r * kDsMlaRowBytes + 16 * c), row + 16 * c, ok);
+        }
+      }
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = fetch_slot(tile + 1, pass);
+    }
+  };
+  // Staging -> K tile (dequant_ds_mla_rows, in the wgmma layout); the 4 scales per key go to
+  // s_scale[tile][key] (keys of one tile adjacent: the accumulator layout reads them in pairs).
+  auto dequant_tile = [&]() {
+    dequant_ds_mla_rows<kN, Cfg::kThreads / 32, Cfg::kThreads>(s_raw, s_k, warp, lane, tid, [](int r, int c) { return sw128_off(r, c); });
+    if (tid < kN) {
+      const float4 sc = *reinterpret_cast<const float4*>(s_raw + tid * kDsMlaRowBytes + kDsMlaScaleOffset);
+      s_scale[0 * kN + tid] = sc.x;
+      s_scale[1 * kN + tid] = sc.y;
+      s_scale[2 * kN + tid] = sc.z;
+      s_scale[3 * kN + tid] = sc.w;
+    }
+  };
+
+  // ---- per-thread state --------------------------------------------------------------------
+  // Accumulator layout (m64nN, both S and O): element 4 i + e of a thread is row
+  // 16 wq + lane / 4 + 8 (e / 2), column 8 i + 2 qd + e % 2. A thread's two rows:
+  const int r_lo = 16 * wq + lane / 4;
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  float row_scale[2] = {scale_log2, scale_log2};  // times 2^e of the row (q normalisation)
+  float m_run[2] = {-INFINITY, -INFINITY};        // running max, log2 domain
+  float l_run[2] = {0.f, 0.f};                    // this thread's share of the row sum
+  float o[2][64];                                 // O of value scale tiles 2 wg, 2 wg + 1 (128 columns each)
+#pragma unroll
+  for (int v = 0; v < 2; ++v)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[v][i] = 0.f;
+  float v_ref[2] = {0.f, 0.f}, v_inv[2] = {0.f, 0.f};  // R_vt and 1 / R_vt of the two value tiles
+
+  // Descriptor bases (constant high word, one add per MMA): Q and K K-major; V = the K tile's
+  // first 512 dims as an MN-major operand (64-dim blocks 8 KiB apart, 8-key groups 1 KiB apart).
+  const sm90::SmemDesc q_desc = sm90::kmajor_sw128(sm80::smem_addr(s_q)), k_desc = sm90::kmajor_sw128(sm80::smem_addr(s_k));
+  const sm90::SmemDesc v_desc = sm90::mnmajor_sw128(sm80::smem_addr(s_k), Cfg::kBlockBytes, 1024);
+
+  // One 64-key tile (K tile, s_scale and validity slot `vs` ready; all threads).
+  auto compute_tile = [&](int vs) {
+    // S partial of this warpgroup's dims: scale tiles tA = 2 wg and tB = 2 wg + 1 (dims 128 t ..
+    // + 127 = blocks 2t, 2t + 1), each multiplied by its keys' scales, plus rope dims 32 wg .. + 31
+    // (bf16, unscaled).
+    float sc[32], acc[32];
+    const int tA = 2 * wg, tB = 2 * wg + 1;
+    auto issue_tile = [&](float (&d)[32], int t) {
+      const sm90::SmemDesc qt = q_desc.plus(2 * t * Cfg::kBlockBytes), kt = k_desc.plus(2 * t * Cfg::kBlockBytes);
+#pragma unroll
+      for (int st = 0; st < 8; ++st) {
+        const uint32_t off = (st / 4) * Cfg::kBlockBytes + 32 * (st % 4);
+        sm90::wgmma_m64n64k16_f16(d, qt.at(off), kt.at(off), st > 0);
+      }
+    };
+    auto issue_rope = [&]() {
+      const uint32_t base = 8 * Cfg::kBlockBytes + 64 * wg;  // rope dims 32 wg .. + 31
+      const sm90::SmemDesc qr = q_desc.plus(base), kr = k_desc.plus(base);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) sm90::wgmma_m64n64k16_bf16(sc, qr.at(32 * j), kr.at(32 * j), j > 0);
+    };
+    // Scales of tile t for the keys of n8 tile i of this thread (keys 8 i + 2 qd, + 1).
+    auto key_scales = [&](int t, int i) { return *reinterpret_cast<const float2*>(s_scale + t * kN + 8 * i + 2 * qd); };
+    auto fence_regs = [](float (&d)[32]) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) sm90::fence_operand(d[i]);
+    };
+    sm90::wgmma_fence();
+    // rope first, straight into sc; then each scale tile into acc, drained and folded in.
+    issue_rope();
+#pragma unroll
+    for (int tt = 0; tt < 2; ++tt) {
+      const int t = tt == 0 ? tA : tB;
+      if (tt > 0) sm90::wgmma_fence();
+      issue_tile(acc, t);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      fence_regs(sc);
+      fence_regs(acc);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float2 ks = key_scales(t, i);
+        sc[4 * i + 0] = fmaf(acc[4 * i + 0], ks.x, sc[4 * i + 0]);
+        sc[4 * i + 1] = fmaf(acc[4 * i + 1], ks.y, sc[4 * i + 1]);
+        sc[4 * i + 2] = fmaf(acc[4 * i + 2], ks.x, sc[4 * i + 2]);
+        sc[4 * i + 3] = fmaf(acc[4 * i + 3], ks.y, sc[4 * i + 3]);
+      }
+    }
+    // Full S = own partial + the other warpgroup's (same positions: thread tid_wg of either
+    // warpgroup holds the same rows and keys). Both warpgroups add in the same order-free way
+    // (a + b == b + a), so they hold bit-identical S and make identical softmax decisions.
+    // float4 per thread and step: a warp's 32 stores are 512 contiguous bytes (no conflicts).
+    float4* red = reinterpret_cast<float4*>(s_red);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) red[(wg * 8 + j) * 128 + tid_wg] = make_float4(sc[4 * j], sc[4 * j + 1], sc[4 * j + 2], sc[4 * j + 3]);
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float4 v = red[((1 - wg) * 8 + j) * 128 + tid_wg];
+      sc[4 * j] += v.x, sc[4 * j + 1] += v.y, sc[4 * j + 2] += v.z, sc[4 * j + 3] += v.w;
+    }
+    // Softmax (exp2 domain): mask with selects (a masked score must never turn into NaN). With a
+    // positive row scale rs (softmax_scale > 0) the scores stay unscaled: max(s rs) = rs max(s)
+    // exactly (rounding is monotonic) and the exponent is one fma(s, rs, -m); otherwise (rs <= 0,
+    // not a useful softmax scale but allowed) the scores are scaled first and rs counts as 1.
+    float rs[2] = {row_scale[0], row_scale[1]};
+    if (!(rs[0] > 0.f && rs[1] > 0.f)) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) sc[i] *= rs[i % 4 / 2];
+      rs[0] = rs[1] = 1.f;
+    }
+    const int* valid = s_valid + vs * kN;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int2 ok = *reinterpret_cast<const int2*>(valid + 8 * i + 2 * qd);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool k_ok = (e & 1) ? ok.y : ok.x;
+        sc[4 * i + e] = k_ok ? sc[4 * i + e] : -INFINITY;
+        mx[e / 2] = fmaxf(mx[e / 2], sc[4 * i + e]);
+      }
+    }
+    float corr[2], m_use[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 1));
+      mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 2)) * rs[hh];  // -inf stays -inf
+      const float m_new = fmaxf(m_run[hh], mx[hh]);
+      m_use[hh] = m_new == -INFINITY ? 0.f : m_new;  // all masked so far: exp2(-inf - 0) = 0
+      corr[hh] = sm80::fast_exp2(m_run[hh] - m_use[hh]);
+      m_run[hh] = m_new;
+      l_run[hh] *= corr[hh];
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      sc[i] = sm80::fast_exp2(fmaf(sc[i], rs[i % 4 / 2], -m_use[i % 4 / 2]));
+      l_run[i % 4 / 2] += sc[i];
+    }
+    // Per value tile: R update (warp vote), O rescale (skipped when nothing changed), P' in fp16,
+    // 4 wgmma k-steps of 16 keys. The second tile's P' is built while the first's wgmma run.
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      const int vt = 2 * wg + v;
+      float v_rescale;
+      e4m3::update_scale_ref(s_scale[vt * kN + lane], s_scale[vt * kN + lane + 32], v_ref[v], v_rescale, v_inv[v]);
+      const float c0 = corr[0] * v_rescale, c1 = corr[1] * v_rescale;
+      if (!__all_sync(0xffffffffu, c0 == 1.f && c1 == 1.f)) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          o[v][4 * i + 0] *= c0;
+          o[v][4 * i + 1] *= c0;
+          o[v][4 * i + 2] *= c1;
+          o[v][4 * i + 3] *= c1;
+        }
+      }
+      uint32_t pa[4][4];
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = 2 * ks + half;  // n8 tile of S = keys 8 i .. + 7
+          const float2 f = *reinterpret_cast<const float2*>(s_scale + vt * kN + 8 * i + 2 * qd);
+          const float f0 = f.x * v_inv[v], f1 = f.y * v_inv[v];
+          pa[ks][2 * half + 0] = sm80::pack2<__half>(sc[4 * i + 0] * f0, sc[4 * i + 1] * f1);
+          pa[ks][2 * half + 1] = sm80::pack2<__half>(sc[4 * i + 2] * f0, sc[4 * i + 3] * f1);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 64; ++i) sm90::fence_operand(o[v][i]);
+      sm90::wgmma_fence();
+      const sm90::SmemDesc vv = v_desc.plus(2 * vt * Cfg::kBlockBytes);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        // V: keys 16 ks .. + 15 (rows of the K tile), columns 128 vt .. + 127 = blocks 2 vt, 2 vt + 1.
+        sm90::wgmma_m64n128k16_f16_rs_mn(o[v], pa[ks], vv.at(ks * 16 * 128));
+      }
+      sm90::wgmma_commit();
+    }
+    sm90::wgmma_wait<0>();  // K and s_scale are rewritten after the next barrier
+#pragma unroll
+    for (int v = 0; v < 2; ++v)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) sm90::fence_operand(o[v][i]);
+  };
+
+  // ---- main loop ----------------------------------------------------------------------------
+  // One staging buffer: tile t + 1's rows are in flight while tile t computes.
+  if constexpr (kBulk) {
+    if (tid == 0) {
+      sm90::mbar_init(bar, kN);
+      sm90::mbar_init_fence();
+    }
+    __syncthreads();
+  }
+  if (num_tiles > 0) load_q();
+  sm80::cp_async_commit();
+  if (num_tiles > 0) load_tile(tile_begin, 0);
+  sm80::cp_async_commit();
+  if (num_tiles > 0) {
+    sm80::cp_async_wait<1>();  // this thread's Q chunks
+    __syncthreads();
+    normalise_q_rows<Cfg::kM, Cfg::kThreads / 32>(s_q, s_row_exp, warp, lane, [](int r, int c) { return sw128_off(r, c); });
+    __syncthreads();
+    row_scale[0] = ldexpf(scale_log2, s_row_exp[r_lo]);
+    row_scale[1] = ldexpf(scale_log2, s_row_exp[r_lo + 8]);
+  }
+  for (int t = 0; t < num_tiles; ++t) {
+    if constexpr (kBulk) sm90::mbar_wait(bar, t & 1);  // tile t's rows (phase t of the barrier)
+    else sm80::cp_async_wait<0>();
+    __syncthreads();  // staging holds tile t; everyone is done with K of tile t - 1
+    dequant_tile();
+    sm90::fence_proxy_async_smem();  // the generic stores of K (and of q') -> wgmma's async proxy
+    __syncthreads();                 // K holds tile t; staging is free
+    if (t + 1 < num_tiles) load_tile(tile_begin + t + 1, (t + 1) & 1);
+    sm80::cp_async_commit();
+    compute_tile(t & 1);
+  }
+
+  // ---- epilogue -------------------------------------------------------------------------------
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    l_run[hh] += __shfl_xor_sync(0xffffffffu, l_run[hh], 1);
+    l_run[hh] += __shfl_xor_sync(0xffffffffu, l_run[hh], 2);
+  }
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = r_lo + 8 * hh, h = h0 + r;
+    if (h >= p.h_q) continue;
+    const bool any = l_run[hh] > 0.f;
+    const float inv = any ? 1.f / l_run[hh] : 0.f;
+    const float lse = any ? (m_run[hh] + log2f(l_run[hh])) * 0.6931471805599453f : -INFINITY;
+    const float sink = p.num_splits == 1 && p.attn_sink != nullptr ? sink_factor(lse, p.attn_sink[h]) : 1.f;
+    const bool lse_writer = wg == 0 && qd == 0;
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      const float f = inv * sink * v_ref[v];
+      const int col = 256 * wg + 128 * v + 2 * qd;
+      if (p.num_splits == 1) {
+        auto* out = static_cast<__nv_bfloat16*>(p.out) + ((int64_t(bs) * p.h_q + h) * kKvLoraRank + col);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          *reinterpret_cast<__nv_bfloat162*>(out + 8 * i) = __floats2bfloat162_rn(o[v][4 * i + 2 * hh] * f, o[v][4 * i + 2 * hh + 1] * f);
+        }
+      } else {
+        const int64_t row = (int64_t(split) * p.batch * p.s_q + bs) * p.h_q + h;
+        float* out = p.partial_out + row * kKvLoraRank + col;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          *reinterpret_cast<float2*>(out + 8 * i) = make_float2(o[v][4 * i + 2 * hh] * f, o[v][4 * i + 2 * hh + 1] * f);
+        }
+      }
+    }
+    if (lse_writer) {
+      if (p.num_splits == 1) p.lse[(int64_t(b) * p.h_q + h) * p.s_q + s] = lse;
+      else p.partial_lse[(int64_t(split) * p.batch * p.s_q + bs) * p.h_q + h] = lse;
+    }
+  }
+#endif
+}
+
+int sm90_fp8_m64_smem_bytes() { return Sm90Fp8Config::kSmemBytes; }
+
+template <bool kBulk>
+void launch_sm90_fp8(const SparseDecodeParams& p) {
+  using Cfg = Sm90Fp8Config;
+  auto kernel = sparse_decode_sm90_fp8_kernel<kBulk>;
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  const dim3 grid((p.h_q + Cfg::kM - 1) / Cfg::kM, p.num_splits, p.batch * p.s_q);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, p.stream>>>(p);
+  MLA_CHECK_LAUNCH();
+}
+
+// MLA_EXT_SPARSE_SM90=cpasync keeps the first version's gather (16-byte cp.async, 8 threads per
+// row) for comparisons and tests; the default ("bulk") copies each row with one bulk copy.
+void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p) {
+  const char* env = std::getenv("MLA_EXT_SPARSE_SM90");
+  const std::string want = env != nullptr && env[0] != '\0' ? env : "bulk";
+  if (want == "bulk") launch_sm90_fp8<true>(p);
+  else if (want == "cpasync") launch_sm90_fp8<false>(p);
+  else throw std::runtime_error("mla_ext: MLA_EXT_SPARSE_SM90 must be bulk or cpasync, got " + want);
+}
+
+}  // namespace mla::sparse
