@@ -127,7 +127,12 @@ struct Fp8SplitConfig {
   static constexpr int kPBytes = kRows * kPStride * 2;
   static constexpr int kRedBytes = kTeamWarps * kRows * 4;
   static constexpr int kExceedBytes = 128;                   // one flag byte per warp (padded)
-  static constexpr int kTeamBytesRaw = kStages * kStageBytes + kPBytes + kRedBytes + kExceedBytes;
+  // fp8_ds_mla, wgmma path: the tile's PV scales scale[k, t] / R_t as fp16 [4 tiles][64 keys] in
+  // P's column order, written once per tile in the softmax step (the mma.sync path recomputes
+  // them per PV k-step: its fp16-q configuration has no shared memory left for them).
+  static constexpr bool kPvScaleTile = kDsMla && kQkWgmma;
+  static constexpr int kPvScaleBytes = kPvScaleTile ? 4 * kBlockN * 2 : 0;
+  static constexpr int kTeamBytesRaw = kStages * kStageBytes + kPBytes + kRedBytes + kExceedBytes + kPvScaleBytes;
   static constexpr int kTeamBytes = kQkWgmma ? align1024(kTeamBytesRaw) : kTeamBytesRaw;
   static constexpr int kOffQ = 0;                            // = team 0's red_s
   static constexpr int kOffRedS1 = kQRedBytes;               // team 1's red_s
@@ -146,6 +151,7 @@ struct Fp8SplitConfig {
   static constexpr int kOffP = kStages * kStageBytes;
   static constexpr int kOffRed = kOffP + kPBytes;
   static constexpr int kOffExceed = kOffRed + kRedBytes;
+  static constexpr int kOffPvScale = kOffExceed + kExceedBytes;
   // End-of-piece exchange (team 1 -> team 0) in team 1's stages: o (32 floats per thread,
   // float index k * 256 + thread), then m and l per row, then R per warp.
   static constexpr int kXchgFloats = 32 * kTeamThreads + 2 * kRows + kTeamWarps;
@@ -203,6 +209,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
   uint8_t* const team_smem = smem + C::kOffTeam + team * C::kTeamBytes;
   float* const red = reinterpret_cast<float*>(team_smem + C::kOffRed);
   uint8_t* const exceed_s = team_smem + C::kOffExceed;
+  __half* const pv_scale_s = reinterpret_cast<__half*>(team_smem + C::kOffPvScale);  // kPvScaleTile
   float* const red_s = reinterpret_cast<float*>(smem + (team == 0 ? C::kOffQ : C::kOffRedS1));
   __half* const p_tile = reinterpret_cast<__half*>(team_smem + C::kOffP);
   float* const xchg = reinterpret_cast<float*>(smem + C::kOffTeam + C::kTeamBytes);  // team 1's stages
@@ -658,6 +665,10 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       }
       const bool warp_exceeds = __any_sync(0xffffffffu, exceed);
       if (lane == 0) exceed_s[warp] = warp_exceeds;
+      if constexpr (C::kPvScaleTile) {  // warps 2 vt, 2 vt + 1: keys 32 (warp % 2) + lane of tile vt
+        const int k = 32 * (warp % 2) + lane;
+        pv_scale_s[vt * kBlockN + p_column<kQkWgmma>(k)] = __float2half_rn(scales[4 * k + vt] * v_inv);
+      }
       team_sync();
 
       float rescale[2] = {v_rescale, v_rescale};  // o *= exp2(m_old - m) * R_old / R
@@ -705,7 +716,15 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         // scale[key, vt] / R for fp8_ds_mla.
         uint32_t pa[4];
         e4m3::load_pv_a<C::kPStride>(p_tile, ks, lane, pa);
-        if constexpr (C::kDsMla) {
+        if constexpr (C::kPvScaleTile) {  // the words of P's A fragment, from the tile's fp16 scales
+          const __half* ps = pv_scale_s + vt * kBlockN + 16 * ks + 2 * qd;
+          const __half2 v01 = *reinterpret_cast<const __half2*>(ps), v23 = *reinterpret_cast<const __half2*>(ps + 8);
+#pragma unroll
+          for (int rr = 0; rr < 2; ++rr) {
+            pa[rr] = e4m3::hmul2_bits(pa[rr], v01);
+            pa[2 + rr] = e4m3::hmul2_bits(pa[2 + rr], v23);
+          }
+        } else if constexpr (C::kDsMla) {
           const float* sk = scales + 4 * 16 * ks + vt;
           auto s_of = [&](int e) { return sk[4 * pv_key<kQkWgmma>(qd, e)] * v_inv; };
           const __half2 v01 = __floats2half2_rn(s_of(0), s_of(1));
