@@ -19,7 +19,20 @@
 //           only when a warp flags a key above the slack: three barriers per tile.
 // Two teams of 8 warps take alternate 64-key tiles of each piece and merge at its end: 16 warps
 // per SM hide each other's barriers and MMA latencies the way two CTAs per SM would, without a
-// second CTA's copy of the schedule.
+// second CTA's copy of the schedule. (fp16 q: fp8_ds_mla's q'_pe meets the bf16 k_pe as two bf16
+// terms, hi and lo, so that nothing of the fp16 q is rounded away.)
+//
+// kQkWgmma (sm90a, bf16 q; chosen by decode.cu): QK^T leaves the mma.sync path, and with it every
+// QK^T conversion, since Hopper has fp8 tensor math only in wgmma. S^T = K q'^T with
+// wgmma.m64n32k32.e4m3: the A operand is the stage's cache tile itself (K-major: dims contiguous
+// per key), laid out by the cp.async addresses as five [64 keys][128 B] blocks in the 128-byte
+// swizzle (chunk c of key k at block c / 8, place (c % 8) ^ (k % 8)); the B operand is q' as two
+// e4m3 terms per value (rows 0-15 hi, 16-31 lo; exact for bf16 q with max|q'_r| in [2^7, 2^8)),
+// built once per piece. Warpgroup wg of a team takes dim blocks 2 wg and 2 wg + 1 (an
+// accumulator each, scaled per key for fp8_ds_mla) and rope k-steps 2 wg, 2 wg + 1 (fp8_ds_mla:
+// bf16 wgmma.m64n16k16); the two partial sums meet in red_s. Softmax and PV are the mma.sync
+// ones below, with the natural PV key order (pv_key) and, for fp8_ds_mla, the tile's PV scales
+// computed once into shared memory.
 //
 // Fragment layouts (m16n8k16, grp = lane / 4, qd = lane % 4). The dot products do not care in
 // which order they sum, so k indices are permuted to make every operand one wide shared load:
