@@ -252,6 +252,19 @@ def test_small_for_sanitizer():
     check(inp, causal=True)
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla"])
+@pytest.mark.parametrize("block_size", [64, 128])
+def test_small_whole_tile_copies(fmt, block_size):
+    """sm90 with pages of whole 64-key tiles: the fp8 kernel copies tiles with TMA (rows past the
+    sequence arrive as the page holds them: NaN here, and must be zeroed); kept small for the
+    sanitizers (-k small). Then the same with MLA_EXT_DECODE_TMA_TILES=0 semantics via block size
+    is covered by the other tests."""
+    inp = make_inputs([0, 1, 63, 64, 65, 130, 700], 1, 16, block_size, fmt, arbitrary_scales=fmt == "fp8_ds_mla",
+                      device="cuda")
+    check(inp, causal=True)
+    check(inp, causal=False)
+
+
 _ROW_THREADS_CHECK = """
 import torch
 from conftest import assert_close

@@ -12,6 +12,8 @@
 // shapes of every buffer are fixed for a given batch size: the step is CUDA-graph capturable.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap
+
 #include "common/fast_divmod.h"
 #include <cuda_runtime.h>
 
@@ -60,6 +62,13 @@ struct PlanParams {
 void run_decode_plan(const PlanParams& params);
 
 struct DecodeParams {
+  // sm90 fp8 16-row kernel with whole-tile TMA copies (block_size % 64 == 0): the cache as a 3-D
+  // byte tensor [num_blocks][block_size][row bytes] read in [64 rows][128 B] boxes in the 128-byte
+  // swizzle, and fp8_ds_mla's tile scales as [num_blocks][block_size][16 B]. Built per call by
+  // run_decode_split_portable (kernel parameter space, where TMA wants them); unused otherwise.
+  alignas(64) CUtensorMap kv_map;
+  alignas(64) CUtensorMap scale_map;
+  bool tma_tiles;                         // the maps are valid (else the kernel copies with cp.async)
   const void* __restrict__ q;             // [b, s_q, h_q, 576] bf16/fp16, strides below, 16-B aligned rows
   const void* __restrict__ kv_cache;      // [num_blocks, block_size, row] (row: 576 elems / 576 B / 656 B)
   const int32_t* __restrict__ block_table;  // [b, max_blocks] int32

@@ -69,17 +69,23 @@
 #include "common/vec.cuh"
 #include "decode/decode.h"
 #include "decode/portable/split_common.cuh"
+#include "absorb/sm90/tma.cuh"
 #include "decode/sm90/qk_wgmma.cuh"
 
 namespace mla::decode::portable {
 
 inline constexpr int align1024(int bytes) { return (bytes + 1023) / 1024 * 1024; }
 
-template <typename T, CacheFormat kFormat, int kRowThreadsT, bool kQkWgmmaT>
+template <typename T, CacheFormat kFormat, int kRowThreadsT, bool kQkWgmmaT, bool kTmaTilesT = false>
 struct Fp8SplitConfig {
   static_assert(kFormat == CacheFormat::kFp8 || kFormat == CacheFormat::kFp8DsMla);
   static constexpr bool kDsMla = kFormat == CacheFormat::kFp8DsMla;
   static constexpr bool kQkWgmma = kQkWgmmaT;  // sm90a: S^T = K q^T on wgmma (see the file comment)
+  // sm90a, block_size % 64 == 0: each tile is one page; one thread per team copies it with TMA
+  // (p.kv_map: five [64 rows][128 B] boxes, already in the wgmma layout; fp8_ds_mla's scales by
+  // p.scale_map) and an mbarrier per stage counts the bytes, instead of ~10 cp.async per thread.
+  static constexpr bool kTmaTiles = kTmaTilesT;
+  static_assert(!kTmaTiles || kQkWgmma, "TMA tiles come in the wgmma layout");
   static constexpr int kRows = 16;
   static constexpr int kTeams = 2;
   static constexpr int kTeamWarps = 8;
@@ -139,7 +145,8 @@ struct Fp8SplitConfig {
   static constexpr int kPStride = kBlockN + 8;               // halves
   static constexpr int kPBytes = kRows * kPStride * 2;
   static constexpr int kRedBytes = kTeamWarps * kRows * 4;
-  static constexpr int kExceedBytes = 128;                   // one flag byte per warp (padded)
+  static constexpr int kExceedBytes = 128;                   // one flag byte per warp (padded);
+                                                             // TMA tiles: the stages' mbarriers at 64
   // fp8_ds_mla, wgmma path: the tile's PV scales scale[k, t] / R_t as fp16 [4 tiles][64 keys] in
   // P's column order, written once per tile in the softmax step (the mma.sync path recomputes
   // them per PV k-step: its fp16-q configuration has no shared memory left for them).
@@ -165,11 +172,14 @@ struct Fp8SplitConfig {
   static constexpr int kOffRed = kOffP + kPBytes;
   static constexpr int kOffExceed = kOffRed + kRedBytes;
   static constexpr int kOffPvScale = kOffExceed + kExceedBytes;
+  static constexpr int kOffTileBars = kOffExceed + 64;        // kTmaTiles: one 8-byte mbarrier per stage
+  static constexpr int kTmaTileBytes = 5 * kBlockN * 128 + (kDsMla ? kBlockN * 16 : 0);  // per tile
   // End-of-piece exchange (team 1 -> team 0) in team 1's stages: o (32 floats per thread,
   // float index k * 256 + thread), then m and l per row, then R per warp.
   static constexpr int kXchgFloats = 32 * kTeamThreads + 2 * kRows + kTeamWarps;
   static_assert(kXchgFloats * 4 <= kStages * kStageBytes);
   static_assert(kSmemLaunchBytes <= 227 * 1024, "fp8 decode tiles do not fit in shared memory");
+  static_assert(!kTmaTiles || kStageKeyBytes + kStageScaleBytes + kBlockN + 1 <= kStageBytes, "flags + page flag");
 };
 
 __device__ __forceinline__ int key_swizzle(int key) { return ((key & 1) << 2) | (key & 2) | ((key >> 2) & 1); }
@@ -203,9 +213,9 @@ __device__ __forceinline__ int p_column(int k) {
   return kQkWgmma ? k : 8 * (k / 8) + 2 * (k % 4) + (k % 8) / 4;
 }
 
-template <typename T, CacheFormat kFormat, int kRowThreads, bool kQkWgmma>
+template <typename T, CacheFormat kFormat, int kRowThreads, bool kQkWgmma, bool kTmaTiles = false>
 __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_constant__ DecodeParams p) {
-  using C = Fp8SplitConfig<T, kFormat, kRowThreads, kQkWgmma>;
+  using C = Fp8SplitConfig<T, kFormat, kRowThreads, kQkWgmma, kTmaTiles>;
   using sm80::cp_async16;
   using sm80::mma_16816;
   using sm80::named_barrier;
@@ -231,6 +241,19 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
   int* const row_lim_s = row_exp + 2 * C::kRows;
   const uint32_t stage_base = smem_addr(team_smem + C::kOffStages);
   const auto team_sync = [&] { named_barrier(1 + team, C::kTeamThreads); };
+  // kTmaTiles: the stages' mbarriers (one arrival, the issuing thread's expect_tx) and the parity
+  // of each stage's next completion (bit s; every thread of the team tracks the same sequence).
+  const uint32_t tile_bar = smem_addr(team_smem + C::kOffTileBars);
+  uint32_t tile_phase = 0;
+  if constexpr (kTmaTiles) {
+#if MLA_SM90A
+    if (ttid == 0) {
+      for (int s2 = 0; s2 < C::kStages; ++s2) sm90::mbar_init(tile_bar + 8 * s2, 1);
+      sm90::mbar_init_fence();
+    }
+    __syncthreads();
+#endif
+  }
 
   const int32_t* sched = p.schedule + blockIdx.x * kScheduleFields;
   // Clamped: a hand-made schedule must not send a CTA outside the block table or the workspace.
@@ -352,6 +375,32 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       issue_rows(c, 0);
       issue_rows(c, 1);
     };
+    // kTmaTiles: tile t is one page (page_id: its block-table entry, read a tile ahead by threads
+    // 0-64); thread 0 copies it, threads 0-63 write the row flags and thread 64 the page's.
+    auto tma_page_of = [&](int t) { return ttid <= kBlockN && t < tile_end ? cache_page(p, bt, t * kBlockN, kv_len) : -1; };
+    auto issue_tile = [&](int t, int stage, int page_id) {
+#if MLA_SM90A
+      const int k0 = t * kBlockN;
+      const bool page_ok = page_id >= 0 && page_id < p.num_blocks;
+      uint8_t* flags_w = team_smem + C::kOffStages + stage * C::kStageBytes + C::kStageKeyBytes + C::kStageScaleBytes;
+      if (ttid < kBlockN) flags_w[ttid] = page_ok && k0 + ttid < kv_len;
+      if (ttid == kBlockN) flags_w[kBlockN] = page_ok;
+      if (ttid == 0) {
+        const uint32_t bar = tile_bar + 8 * stage, dst = stage_base + stage * C::kStageBytes;
+        if (page_ok) {
+          const int row = p.block_div.mod(k0, p.block_div.div(k0));
+          sm90::mbar_arrive_expect_tx(bar, C::kTmaTileBytes);
+#pragma unroll
+          for (int b = 0; b < 5; ++b)  // nope blocks, then the rope dims (fp8: 64 bytes + 64 zeros)
+            sm90::tma_load_3d(dst + b * C::kBlockStride, &p.kv_map, bar,
+                              b < 4 ? 128 * b : (C::kDsMla ? kDsMlaRopeOffset : kKvLoraRank), row, page_id);
+          if constexpr (C::kDsMla) sm90::tma_load_3d(dst + C::kStageKeyBytes, &p.scale_map, bar, 0, row, page_id);
+        } else {
+          sm90::mbar_arrive(bar);  // nothing to copy: every row of the tile is invalid
+        }
+      }
+#endif
+    };
 
     float o[2][4][4];  // [set S][n-tile j][C fragment c]: dims 64 warp + 16 qd + 8 (c % 2) + 4 S + j
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -378,7 +427,10 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         cp_async16(smem_addr(smem + C::kOffQ + r * C::kQStride + 16 * ch), src, ok);
       }
       sm80::cp_async_commit();
-      if (team < num_tiles) load_tile(tile_begin + team, 0, page_of(tile_begin + team));
+      if (team < num_tiles) {
+        if constexpr (kTmaTiles) issue_tile(tile_begin + team, 0, tma_page_of(tile_begin + team));
+        else load_tile(tile_begin + team, 0, page_of(tile_begin + team));
+      }
       sm80::cp_async_commit();
       sm80::cp_async_wait<1>();
       __syncthreads();
@@ -466,29 +518,60 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     }
 
     // ---- the team's tiles: i = team, team + 2, ...; local index li = i / 2, stage li % 2.
-    Pages next_page = page_of(tile_begin + team + C::kTeams);
+    Pages next_page{};
+    int tma_page = -1;  // kTmaTiles: the page of the team's next tile to copy
+    if constexpr (kTmaTiles) tma_page = tma_page_of(tile_begin + team + C::kTeams);
+    else next_page = page_of(tile_begin + team + C::kTeams);
     for (int i = team; i < num_tiles; i += C::kTeams) {
       const int li = i / C::kTeams, stage = li % C::kStages;
-      sm80::cp_async_wait<0>();
-      if constexpr (kQkWgmma) sm90::fence_proxy_async_smem();  // cp.async data -> wgmma
+      uint8_t* const st = team_smem + C::kOffStages + stage * C::kStageBytes;
+      const float* scales = reinterpret_cast<const float*>(st + C::kStageKeyBytes);
+      const uint8_t* flags = st + C::kStageKeyBytes + C::kStageScaleBytes;
+      if constexpr (kTmaTiles) {
+#if MLA_SM90A
+        sm90::mbar_wait(tile_bar + 8 * stage, (tile_phase >> stage) & 1);
+        tile_phase ^= 1u << stage;
+        // Rows past the sequence (or all, for an invalid page) arrived as the page holds them:
+        // their scores are masked, but their values and scales meet P = 0 in products, so they
+        // must be finite: zeroed here (values: blocks 0-3; before wgmma reads the tile, hence
+        // the proxy fence).
+        const int t_abs = tile_begin + i;
+        const int n_valid = flags[kBlockN] ? min(kBlockN, kv_len - t_abs * kBlockN) : 0;
+        if (n_valid < kBlockN) {
+          for (int idx = ttid; idx < (kBlockN - n_valid) * 33; idx += C::kTeamThreads) {
+            const int r = n_valid + idx / 33, c = idx % 33;  // 32 value chunks, then the scales
+            uint8_t* dst = c < 32 ? st + key_chunk_offset<C>(r, c) : st + C::kStageKeyBytes + 16 * r;
+            if (c < 32 || C::kDsMla) *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+          }
+          sm90::fence_proxy_async_smem();
+        }
+#endif
+      } else {
+        sm80::cp_async_wait<0>();
+        if constexpr (kQkWgmma) sm90::fence_proxy_async_smem();  // cp.async data -> wgmma
+      }
       team_sync();  // tile i landed for the team; the team is done with its previous tile
       const bool load_next = i + C::kTeams < num_tiles;
       RowCopy next_copy{};
       if (load_next) {
-        next_copy = prepare_rows(tile_begin + i + C::kTeams, (li + 1) % C::kStages, next_page);
-        issue_rows(next_copy, 0);
-        next_page = page_of(tile_begin + i + 2 * C::kTeams);
+        if constexpr (kTmaTiles) {
+          issue_tile(tile_begin + i + C::kTeams, (li + 1) % C::kStages, tma_page);
+          tma_page = tma_page_of(tile_begin + i + 2 * C::kTeams);
+        } else {
+          next_copy = prepare_rows(tile_begin + i + C::kTeams, (li + 1) % C::kStages, next_page);
+          issue_rows(next_copy, 0);
+          next_page = page_of(tile_begin + i + 2 * C::kTeams);
+        }
       }
       const uint32_t kbase = stage_base + stage * C::kStageBytes;
-      const uint8_t* st = team_smem + C::kOffStages + stage * C::kStageBytes;
-      const float* scales = reinterpret_cast<const float*>(st + C::kStageKeyBytes);
-      const uint8_t* flags = st + C::kStageKeyBytes + C::kStageScaleBytes;
 
       // The next tile's second half of copies goes out while QK^T runs; R's vote after it.
       float v_rescale = 1.f;
       auto after_qk_issue = [&] {
-        if (load_next) issue_rows(next_copy, 1);
-        sm80::cp_async_commit();
+        if constexpr (!kTmaTiles) {
+          if (load_next) issue_rows(next_copy, 1);
+          sm80::cp_async_commit();
+        }
         // V reference R of this warp's tile (P' = P scale / R in fp16): see e4m3::update_scale_ref.
         // (Not before QK^T: the scale loads right after the barrier stalled the warp.)
         if constexpr (C::kDsMla) e4m3::update_scale_ref<C::kScaleFitLog2>(scales[4 * lane + vt], scales[4 * (lane + 32) + vt], v_ref, v_rescale, v_inv);
@@ -865,6 +948,13 @@ int decode_row_threads() {
 template <typename T, CacheFormat kFormat, bool kQkWgmma>
 void launch_decode_split_fp8(const DecodeParams& p) {
   const char* what = kQkWgmma ? "sm90 fp8 decode kernel" : "portable fp8 decode kernel";
+  if constexpr (kQkWgmma) {
+    if (p.tma_tiles) {  // whole-tile TMA copies (the row-thread count does not apply)
+      using C = Fp8SplitConfig<T, kFormat, 8, true, true>;
+      launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8, true, true>, C::kThreads, C::kSmemLaunchBytes, what, p);
+      return;
+    }
+  }
   if (decode_row_threads<kFormat>() == 4) {
     using C = Fp8SplitConfig<T, kFormat, 4, kQkWgmma>;
     launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 4, kQkWgmma>, C::kThreads, C::kSmemLaunchBytes, what, p);
