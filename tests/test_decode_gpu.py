@@ -255,10 +255,9 @@ def test_small_for_sanitizer():
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla"])
 @pytest.mark.parametrize("block_size", [64, 128])
 def test_small_whole_tile_copies(fmt, block_size):
-    """sm90 with pages of whole 64-key tiles: the fp8 kernel copies tiles with TMA (rows past the
-    sequence arrive as the page holds them: NaN here, and must be zeroed); kept small for the
-    sanitizers (-k small). Then the same with MLA_EXT_DECODE_TMA_TILES=0 semantics via block size
-    is covered by the other tests."""
+    """On sm90 with pages of whole 64-key tiles the fp8 kernel copies tiles with TMA: rows past the
+    sequence arrive as the page holds them (NaN here) and must be zeroed. Kept small for the
+    sanitizers (-k small); the cp.async copies of the same kernel: test_fp8_16_row_loaders."""
     inp = make_inputs([0, 1, 63, 64, 65, 130, 700], 1, 16, block_size, fmt, arbitrary_scales=fmt == "fp8_ds_mla",
                       device="cuda")
     check(inp, causal=True)
@@ -295,12 +294,13 @@ def test_fp8_16_rows_portable_kernel(fmt, h_q, dtype):
     check(inp, causal=True, force_portable=True)
 
 
-@pytest.mark.parametrize("row_threads", ["4", "8"])
-def test_fp8_16_row_loaders(row_threads):
-    """Both tile loaders of the fp8 16-row kernel (4 or 8 threads per cache row; each format uses one
-    by default, MLA_EXT_DECODE_ROW_THREADS forces the other), read once per process: a subprocess."""
+@pytest.mark.parametrize("row_threads,tma_tiles", [("4", "1"), ("8", "1"), ("4", "0"), ("8", "0")])
+def test_fp8_16_row_loaders(row_threads, tma_tiles):
+    """Every tile loader of the fp8 16-row kernel: cp.async with 4 or 8 threads per cache row (each
+    format uses one by default, MLA_EXT_DECODE_ROW_THREADS forces the other) and, on sm90 where a
+    tile is one page, TMA (MLA_EXT_DECODE_TMA_TILES=0 turns it off); env read once per process."""
     here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, MLA_EXT_DECODE_ROW_THREADS=row_threads,
+    env = dict(os.environ, MLA_EXT_DECODE_ROW_THREADS=row_threads, MLA_EXT_DECODE_TMA_TILES=tma_tiles,
                PYTHONPATH=os.pathsep.join([os.path.dirname(here), here, os.environ.get("PYTHONPATH", "")]))
     res = subprocess.run([sys.executable, "-c", _ROW_THREADS_CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stdout[-2000:] + res.stderr[-4000:]
