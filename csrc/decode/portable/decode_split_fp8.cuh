@@ -263,8 +263,9 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
   const int rows_here = min(C::kRows, p.num_rows - row0);
   const float tensor_scale = C::kDsMla ? 1.f : *p.scale;  // fp8: scores and output, exactly
   const int64_t max_kv = int64_t(p.max_blocks) * p.block_size;
-  // (Only worth it with two rows per thread: with one, the general path costs the same and the
-  // second path cost fp8 registers, spills.)
+  // cp.async loads of a tile inside one page: one block-table entry and one division per tile (see
+  // page_of). Only with two rows per thread: with one, the general path costs the same and a
+  // second path cost the fp8 kernel registers (spills).
   const bool tile_in_one_page = C::kRowsPerThread > 1 && p.block_size % kBlockN == 0;
 
   for (int req = begin_req; req <= end_req; ++req) {
