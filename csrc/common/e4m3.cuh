@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "common/vec.cuh"  // float2_to_e4m3x2
+
 namespace mla::e4m3 {
 
 // Four e4m3 bytes -> two fp16x2 (bytes 0,1 and bytes 2,3; low byte in the low half), exact.
@@ -95,13 +97,6 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   return v;
 }
 
-// fp32 pair -> e4m3x2 (x0 in the low byte), round to nearest, saturating at +-448 (NaN stays NaN).
-__device__ __forceinline__ uint16_t f32x2_to_e4m3x2(float x0, float x1) {
-  uint16_t r;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(x1), "f"(x0));
-  return r;
-}
-
 // x = hi + lo in two e4m3 terms per value (hi = e4m3(x), lo = e4m3(x - hi)), packed as e4m3x2
 // pairs: two e4m3 products with the terms equal one with x, which is how a bf16 q meets e4m3
 // cache bytes in an fp8 MMA without converting the cache. Exact for values of at most 8
@@ -109,11 +104,11 @@ __device__ __forceinline__ uint16_t f32x2_to_e4m3x2(float x0, float x1) {
 // 2^-9); smaller ones are off by at most 2^-10, values of more bits (fp16) by at most 2^-9 of
 // themselves. The caller keeps |x| below 448.
 __device__ __forceinline__ void split_e4m3x2(float x0, float x1, uint16_t& hi, uint16_t& lo) {
-  hi = f32x2_to_e4m3x2(x0, x1);
+  hi = float2_to_e4m3x2(x0, x1);
   uint32_t h;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"(hi));
   const float2 hf = __half22float2(*reinterpret_cast<const __half2*>(&h));
-  lo = f32x2_to_e4m3x2(x0 - hf.x, x1 - hf.y);
+  lo = float2_to_e4m3x2(x0 - hf.x, x1 - hf.y);
 }
 
 // 2^e for |e| <= 126, exactly.

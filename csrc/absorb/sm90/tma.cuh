@@ -69,8 +69,7 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-// ---- host: tensor maps of bf16 tensors in the 128-byte swizzle (boxes of 64 elements = 128 bytes
-// innermost, the layout kmajor_sw128_desc describes), with 128-byte L2 promotion: each box row
+// ---- host: tensor maps, with 128-byte L2 promotion: each box row
 // is one 128-byte request. 256-byte promotion (which also brings the next 128 bytes of a row, the
 // next k piece, into L2) raised the L2 traffic of v_up at H = 128, T = 256 from 97 to 114 MB
 // for the same 50.4 MB read from DRAM (Nsight Compute, H200) and was 0.4-1.5 us slower at
@@ -87,18 +86,24 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// A rank-`rank` bf16 tensor: dims and boxes innermost first, byte strides of dims 1.. (multiples
-// of 16). Returns false where the driver refuses it (the caller then takes another kernel).
-inline bool make_bf16_tensor_map(CUtensorMap* map, const void* base, int rank, const uint64_t* dims,
-                                 const uint64_t* byte_strides, const uint32_t* box) {
+// A rank-`rank` tensor of `dtype`: dims and boxes innermost first (in elements), byte strides of
+// dims 1.. (multiples of 16), 128-byte L2 promotion (above), no out-of-bounds NaN fill (zeros).
+// Returns false where the driver refuses it (the caller then takes another kernel).
+inline bool make_tensor_map(CUtensorMap* map, CUtensorMapDataType dtype, CUtensorMapSwizzle swizzle, const void* base,
+                            int rank, const uint64_t* dims, const uint64_t* byte_strides, const uint32_t* box) {
   const auto encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank), const_cast<void*>(base),
-                reinterpret_cast<const cuuint64_t*>(dims), reinterpret_cast<const cuuint64_t*>(byte_strides),
-                reinterpret_cast<const cuuint32_t*>(box), elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+  return encode(map, dtype, static_cast<cuuint32_t>(rank), const_cast<void*>(base), reinterpret_cast<const cuuint64_t*>(dims),
+                reinterpret_cast<const cuuint64_t*>(byte_strides), reinterpret_cast<const cuuint32_t*>(box), elem_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// bf16 in the 128-byte swizzle (boxes of 64 elements innermost: the layout kmajor_sw128_desc describes).
+inline bool make_bf16_tensor_map(CUtensorMap* map, const void* base, int rank, const uint64_t* dims,
+                                 const uint64_t* byte_strides, const uint32_t* box) {
+  return make_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, CU_TENSOR_MAP_SWIZZLE_128B, base, rank, dims, byte_strides, box);
 }
 
 }  // namespace mla::sm90

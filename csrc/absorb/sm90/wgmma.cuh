@@ -23,7 +23,8 @@ namespace mla::sm90 {
 //   bits 0-13: start address >> 4; 16-29: leading byte offset >> 4 (unused for swizzled K-major,
 //   1 by convention); 32-45: stride byte offset >> 4 (1024 bytes between 8-row groups);
 //   62-63: layout type 1 = 128-byte swizzle.
-__device__ __forceinline__ uint64_t kmajor_sw128_desc(uint32_t smem_byte_addr) {
+// (constexpr, host too: its constant high word is usable as an immediate, see decode/sm90/qk_wgmma.cuh.)
+__host__ __device__ __forceinline__ constexpr uint64_t kmajor_sw128_desc(uint32_t smem_byte_addr) {
   return static_cast<uint64_t>((smem_byte_addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
          (uint64_t(1) << 62);
 }

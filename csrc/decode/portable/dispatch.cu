@@ -35,25 +35,18 @@ bool make_tile_maps(DecodeParams& p) {
     return v != nullptr && v[0] == '0';
   }();
   if (disabled || p.block_size % kBlockN != 0) return false;
-  const auto encode = sm90::tensor_map_encoder();
-  if (encode == nullptr) return false;
   const bool ds = p.format == CacheFormat::kFp8DsMla;
-  const uint64_t row_bytes = ds ? kDsMlaRowBytes : kLatentDim;
   const uint64_t strides[2] = {static_cast<uint64_t>(p.stride_cache_token_bytes), static_cast<uint64_t>(p.stride_cache_block_bytes)};
   if (reinterpret_cast<uintptr_t>(p.kv_cache) % 16 != 0 || strides[0] % 16 != 0 || strides[1] % 16 != 0) return false;
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
   auto make = [&](CUtensorMap* map, const void* base, uint64_t width, uint32_t box_width, CUtensorMapSwizzle swizzle) {
-    const cuuint64_t dims[3] = {width, static_cast<cuuint64_t>(p.block_size), static_cast<cuuint64_t>(p.num_blocks)};
-    const cuuint32_t box[3] = {box_width, static_cast<cuuint32_t>(kBlockN), 1};
-    return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims,
-                  reinterpret_cast<const cuuint64_t*>(strides), box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                  CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    const uint64_t dims[3] = {width, static_cast<uint64_t>(p.block_size), static_cast<uint64_t>(p.num_blocks)};
+    const uint32_t box[3] = {box_width, static_cast<uint32_t>(kBlockN), 1};
+    return sm90::make_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, swizzle, base, 3, dims, strides, box);
   };
   // Rows in 128-byte boxes, swizzled as wgmma reads them; fp8_ds_mla's 16 scale bytes per row plain.
+  const uint64_t row_bytes = ds ? kDsMlaRowBytes : kLatentDim;
   if (!make(&p.kv_map, p.kv_cache, row_bytes, 128, CU_TENSOR_MAP_SWIZZLE_128B)) return false;
-  if (ds && !make(&p.scale_map, static_cast<const uint8_t*>(p.kv_cache) + kDsMlaScaleOffset, 16, 16, CU_TENSOR_MAP_SWIZZLE_NONE))
-    return false;
-  return true;
+  return !ds || make(&p.scale_map, static_cast<const uint8_t*>(p.kv_cache) + kDsMlaScaleOffset, 16, 16, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
 }  // namespace
@@ -61,8 +54,7 @@ bool make_tile_maps(DecodeParams& p) {
 void run_decode_split_portable(const DecodeParams& params, bool sm90) {
   DecodeParams p = params;
   p.block_div = FastDivmod(p.block_size);  // every kernel maps key positions to pages with it
-  p.tma_tiles = sm90 && p.q_dtype == DType::kBF16 && p.format != CacheFormat::kAuto && block_m_for(p.num_rows, p.format) == 16 &&
-                make_tile_maps(p);
+  p.tma_tiles = false;
   const int block_m = block_m_for(p.num_rows, p.format);
   MLA_DISPATCH_HALF_TYPES(p.q_dtype, "q", [&] {
     MLA_DISPATCH_CACHE_FORMAT(p.format, [&] {
@@ -72,7 +64,10 @@ void run_decode_split_portable(const DecodeParams& params, bool sm90) {
           if constexpr (kFormat == CacheFormat::kAuto) return portable::launch_decode_split<scalar_t, kFormat, 16>(p);
           // (sm90 with bf16 q: QK^T on wgmma, q as two e4m3 terms, exact for bf16 but not for
           // fp16's 11 bits.)
-          else if (sm90 && std::is_same_v<scalar_t, __nv_bfloat16>) return portable::launch_decode_split_fp8<scalar_t, kFormat, true>(p);
+          else if (sm90 && std::is_same_v<scalar_t, __nv_bfloat16>) {
+            p.tma_tiles = make_tile_maps(p);  // else the kernel copies rows with cp.async
+            return portable::launch_decode_split_fp8<scalar_t, kFormat, true>(p);
+          }
           else return portable::launch_decode_split_fp8<scalar_t, kFormat, false>(p);
         case 32: return portable::launch_decode_split<scalar_t, kFormat, 32>(p);
         case 64: return portable::launch_decode_split<scalar_t, kFormat, 64>(p);
