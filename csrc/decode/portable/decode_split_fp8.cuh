@@ -173,13 +173,13 @@ struct Fp8SplitConfig {
   static constexpr int kOffExceed = kOffRed + kRedBytes;
   static constexpr int kOffPvScale = kOffExceed + kExceedBytes;
   static constexpr int kOffTileBars = kOffExceed + 64;        // kTmaTiles: one 8-byte mbarrier per stage
-  static constexpr int kTmaTileBytes = 5 * kBlockN * 128 + (kDsMla ? kBlockN * 16 : 0);  // per tile
+  static constexpr int kTmaRowBytes = 5 * 128 + (kDsMla ? 16 : 0);  // TMA bytes per cache row
   // End-of-piece exchange (team 1 -> team 0) in team 1's stages: o (32 floats per thread,
   // float index k * 256 + thread), then m and l per row, then R per warp.
   static constexpr int kXchgFloats = 32 * kTeamThreads + 2 * kRows + kTeamWarps;
   static_assert(kXchgFloats * 4 <= kStages * kStageBytes);
   static_assert(kSmemLaunchBytes <= 227 * 1024, "fp8 decode tiles do not fit in shared memory");
-  static_assert(!kTmaTiles || kStageKeyBytes + kStageScaleBytes + kBlockN + 1 <= kStageBytes, "flags + page flag");
+  static_assert(!kTmaTiles || kStageKeyBytes + kStageScaleBytes + kBlockN + 2 <= kStageBytes, "flags + 2 summary bytes");
 };
 
 __device__ __forceinline__ int key_swizzle(int key) { return ((key & 1) << 2) | (key & 2) | ((key >> 2) & 1); }
@@ -248,7 +248,8 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
   if constexpr (kTmaTiles) {
 #if MLA_SM90A
     if (ttid == 0) {
-      for (int s2 = 0; s2 < C::kStages; ++s2) sm90::mbar_init(tile_bar + 8 * s2, 1);
+      // One arrival per page of a tile (p.tma_box_rows rows each): its thread's expect_tx.
+      for (int s2 = 0; s2 < C::kStages; ++s2) sm90::mbar_init(tile_bar + 8 * s2, kBlockN / p.tma_box_rows);
       sm90::mbar_init_fence();
     }
     __syncthreads();
@@ -376,28 +377,37 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       issue_rows(c, 0);
       issue_rows(c, 1);
     };
-    // kTmaTiles: tile t is one page (page_id: its block-table entry, read a tile ahead by threads
-    // 0-64); thread 0 copies it, threads 0-63 write the row flags and thread 64 the page's.
-    auto tma_page_of = [&](int t) { return ttid <= kBlockN && t < tile_end ? cache_page(p, bt, t * kBlockN, kv_len) : -1; };
+    // kTmaTiles: a tile is 64 / p.tma_box_rows pages (1 for block sizes that are multiples of 64;
+    // 2, 4 or 8 for 32, 16, 8). Threads 0-63 read their row's block-table entry a tile ahead
+    // (tma_page_of); at issue time they write the row flags (and warps 0-1 whether any row of theirs
+    // is invalid, bytes 64 and 65), and the first thread of each page copies it: five [rows][128 B]
+    // boxes (+ fp8_ds_mla's scales) at row offset j * rows of page j, completing its share of the
+    // stage's mbarrier (or arriving without bytes when the page is invalid or past the sequence).
+    auto tma_page_of = [&](int t) { return ttid < kBlockN && t < tile_end ? cache_page(p, bt, t * kBlockN + ttid, kv_len) : -1; };
     auto issue_tile = [&](int t, int stage, int page_id) {
 #if MLA_SM90A
-      const int k0 = t * kBlockN;
-      const bool page_ok = page_id >= 0 && page_id < p.num_blocks;
-      uint8_t* flags_w = team_smem + C::kOffStages + stage * C::kStageBytes + C::kStageKeyBytes + C::kStageScaleBytes;
-      if (ttid < kBlockN) flags_w[ttid] = page_ok && k0 + ttid < kv_len;
-      if (ttid == kBlockN) flags_w[kBlockN] = page_ok;
-      if (ttid == 0) {
-        const uint32_t bar = tile_bar + 8 * stage, dst = stage_base + stage * C::kStageBytes;
-        if (page_ok) {
-          const int row = p.block_div.mod(k0, p.block_div.div(k0));
-          sm90::mbar_arrive_expect_tx(bar, C::kTmaTileBytes);
+      if (ttid < kBlockN) {
+        const int k0 = t * kBlockN, key = k0 + ttid;
+        const bool page_ok = page_id >= 0 && page_id < p.num_blocks;
+        const bool row_ok = page_ok && key < kv_len;
+        uint8_t* flags_w = team_smem + C::kOffStages + stage * C::kStageBytes + C::kStageKeyBytes + C::kStageScaleBytes;
+        flags_w[ttid] = row_ok;
+        const bool any_invalid = __any_sync(0xffffffffu, !row_ok);
+        if (lane == 0) flags_w[kBlockN + warp] = any_invalid;
+        const int rows = p.tma_box_rows;
+        if (ttid % rows == 0) {
+          const uint32_t bar = tile_bar + 8 * stage, dst = stage_base + stage * C::kStageBytes;
+          if (row_ok) {  // (the page's first row is valid: copy the page, later rows get zeroed)
+            const int row = p.block_div.mod(key, p.block_div.div(key));
+            sm90::mbar_arrive_expect_tx(bar, C::kTmaRowBytes * rows);
 #pragma unroll
-          for (int b = 0; b < 5; ++b)  // nope blocks, then the rope dims (fp8: 64 bytes + 64 zeros)
-            sm90::tma_load_3d(dst + b * C::kBlockStride, &p.kv_map, bar,
-                              b < 4 ? 128 * b : (C::kDsMla ? kDsMlaRopeOffset : kKvLoraRank), row, page_id);
-          if constexpr (C::kDsMla) sm90::tma_load_3d(dst + C::kStageKeyBytes, &p.scale_map, bar, 0, row, page_id);
-        } else {
-          sm90::mbar_arrive(bar);  // nothing to copy: every row of the tile is invalid
+            for (int b = 0; b < 5; ++b)  // nope blocks, then the rope dims (fp8: 64 bytes + 64 zeros)
+              sm90::tma_load_3d(dst + b * C::kBlockStride + ttid * 128, &p.kv_map, bar,
+                                b < 4 ? 128 * b : (C::kDsMla ? kDsMlaRopeOffset : kKvLoraRank), row, page_id);
+            if constexpr (C::kDsMla) sm90::tma_load_3d(dst + C::kStageKeyBytes + ttid * 16, &p.scale_map, bar, 0, row, page_id);
+          } else {
+            sm90::mbar_arrive(bar);  // nothing to copy: every row of this page is invalid
+          }
         }
       }
 #endif
@@ -532,15 +542,14 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
 #if MLA_SM90A
         sm90::mbar_wait(tile_bar + 8 * stage, (tile_phase >> stage) & 1);
         tile_phase ^= 1u << stage;
-        // Rows past the sequence (or all, for an invalid page) arrived as the page holds them:
-        // their scores are masked, but their values and scales meet P = 0 in products, so they
-        // must be finite: zeroed here (values: blocks 0-3; before wgmma reads the tile, hence
-        // the proxy fence).
-        const int t_abs = tile_begin + i;
-        const int n_valid = flags[kBlockN] ? min(kBlockN, kv_len - t_abs * kBlockN) : 0;
-        if (n_valid < kBlockN) {
-          for (int idx = ttid; idx < (kBlockN - n_valid) * 33; idx += C::kTeamThreads) {
-            const int r = n_valid + idx / 33, c = idx % 33;  // 32 value chunks, then the scales
+        // Invalid rows (past the sequence, or of an invalid page) hold whatever the page or the
+        // stage's previous tile left: their scores are masked, but their values and scales meet
+        // P = 0 in products, so they must be finite: zeroed here (values: blocks 0-3; before
+        // wgmma reads the tile, hence the proxy fence). Rare: the last tile of a sequence.
+        if (flags[kBlockN] | flags[kBlockN + 1]) {
+          for (int idx = ttid; idx < kBlockN * 33; idx += C::kTeamThreads) {
+            const int r = idx / 33, c = idx % 33;  // 32 value chunks, then the scales
+            if (flags[r]) continue;
             uint8_t* dst = c < 32 ? st + key_chunk_offset<C>(r, c) : st + C::kStageKeyBytes + 16 * r;
             if (c < 32 || C::kDsMla) *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
           }

@@ -25,22 +25,26 @@ void launch_decode_split_fp8(const DecodeParams& p);
 
 namespace {
 
-// Tensor maps for the sm90 fp8 kernel's whole-tile TMA copies (DecodeParams::kv_map / scale_map):
-// only when a 64-key tile is one page and the driver takes the cache's strides (multiples of 16
-// bytes, 16-byte aligned base); otherwise the kernel copies rows with cp.async.
+// Tensor maps for the sm90 fp8 kernel's TMA tile copies (DecodeParams::kv_map / scale_map): boxes
+// of min(64, block_size) rows, so a 64-key tile is whole pages (block sizes that are multiples of
+// 64, or 8, 16, 32: pages of whole 1024-byte swizzle atoms), and only where the driver takes the
+// cache's strides (multiples of 16 bytes, 16-byte aligned base); otherwise the kernel copies rows
+// with cp.async.
 // MLA_EXT_DECODE_TMA_TILES=0 turns them off (comparisons, tests).
 bool make_tile_maps(DecodeParams& p) {
   static const bool disabled = [] {
     const char* v = std::getenv("MLA_EXT_DECODE_TMA_TILES");
     return v != nullptr && v[0] == '0';
   }();
-  if (disabled || p.block_size % kBlockN != 0) return false;
+  const int box_rows = p.block_size < kBlockN ? p.block_size : kBlockN;
+  if (disabled || box_rows % 8 != 0 || p.block_size % box_rows != 0 || kBlockN % box_rows != 0) return false;
+  p.tma_box_rows = box_rows;
   const bool ds = p.format == CacheFormat::kFp8DsMla;
   const uint64_t strides[2] = {static_cast<uint64_t>(p.stride_cache_token_bytes), static_cast<uint64_t>(p.stride_cache_block_bytes)};
   if (reinterpret_cast<uintptr_t>(p.kv_cache) % 16 != 0 || strides[0] % 16 != 0 || strides[1] % 16 != 0) return false;
   auto make = [&](CUtensorMap* map, const void* base, uint64_t width, uint32_t box_width, CUtensorMapSwizzle swizzle) {
     const uint64_t dims[3] = {width, static_cast<uint64_t>(p.block_size), static_cast<uint64_t>(p.num_blocks)};
-    const uint32_t box[3] = {box_width, static_cast<uint32_t>(kBlockN), 1};
+    const uint32_t box[3] = {box_width, static_cast<uint32_t>(box_rows), 1};
     return sm90::make_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, swizzle, base, 3, dims, strides, box);
   };
   // Rows in 128-byte boxes, swizzled as wgmma reads them; fp8_ds_mla's 16 scale bytes per row plain.
