@@ -23,6 +23,7 @@
 #include <cstdlib>
 
 #include "common/arch.h"
+#include "common/attn_sink.cuh"
 #include "common/cuda_check.h"
 #include "common/dispatch.h"
 #include "common/vec.cuh"
@@ -143,10 +144,7 @@ __global__ void __launch_bounds__(kThreads) split_combine_kernel(const __grid_co
       // total == 0: nothing attended (out 0, lse -inf); NaN propagates.
       const float lse = total == 0.f ? -INFINITY : (mx + log2f(total)) * kLn2;
       float f = total == 0.f ? 0.f : 1.f / total;
-      if (p.attn_sink != nullptr) {
-        // e^lse / (e^lse + e^sink) = 1 / (1 + e^(sink - lse)): +inf sink -> 0, -inf sink -> 1.
-        f *= lse == -INFINITY ? 0.f : 1.f / (1.f + expf(p.attn_sink[h] - lse));
-      }
+      if (p.attn_sink != nullptr) f *= attn_sink_factor(lse, p.attn_sink[h]);
       T* out = static_cast<T*>(p.out) + req * p.stride_out_b + s * p.stride_out_s + h * p.stride_out_h + 4 * col4;
       // Two 4-byte stores: rows are only guaranteed 4-byte aligned (even strides).
       reinterpret_cast<uint32_t*>(out)[0] = pack2<T>(o.x * f, o.y * f);

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "common/attn_sink.cuh"
 #include "common/cuda_check.h"
 #include "common/e4m3.cuh"
 #include "common/sm80.cuh"
@@ -119,12 +120,6 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
 }
 
 using sm80::fast_exp2;  // results below 2^-126 flush to 0: the fp16/bf16 P could not hold them apart from 0
-
-__device__ __forceinline__ float sink_factor(float lse, float sink) {
-  // e^lse / (e^lse + e^sink) = 1 / (1 + e^(sink - lse)); +inf sink -> 0, -inf sink -> 1.
-  if (lse == -INFINITY) return 0.f;
-  return 1.f / (1.f + expf(sink - lse));
-}
 
 // ---- pieces shared with the sm90 kernel (sm90/sparse_decode_sm90_fp8.cu) ----------------------
 
@@ -933,7 +928,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const float inv = any ? 1.f / l_total : 0.f;
       const float lse = any ? (s_mfin[r] + log2f(l_total)) * 0.6931471805599453f : -INFINITY;
       // 1 / l, times R (fp8_ds_mla), times the sink factor (unsplit only; the combine applies it).
-      const float sink = p.num_splits == 1 && p.attn_sink != nullptr ? sink_factor(lse, p.attn_sink[h]) : 1.f;
+      const float sink = p.num_splits == 1 && p.attn_sink != nullptr ? attn_sink_factor(lse, p.attn_sink[h]) : 1.f;
       const float f = inv * sink * (Cfg::kDsMla ? v_ref : 1.f);
       const bool lse_writer = warp == 0 && lane % 4 == 0;
       if constexpr (Cfg::kE4m3Frags) {

@@ -391,7 +391,7 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
     const bool any = l_run[hh] > 0.f;
     const float inv = any ? 1.f / l_run[hh] : 0.f;
     const float lse = any ? (m_run[hh] + log2f(l_run[hh])) * 0.6931471805599453f : -INFINITY;
-    const float sink = p.num_splits == 1 && p.attn_sink != nullptr ? sink_factor(lse, p.attn_sink[h]) : 1.f;
+    const float sink = p.num_splits == 1 && p.attn_sink != nullptr ? attn_sink_factor(lse, p.attn_sink[h]) : 1.f;
     const bool lse_writer = wg == 0 && qd == 0;
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
