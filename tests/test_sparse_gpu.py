@@ -104,7 +104,7 @@ def test_h16_reads_same_rows_as_h64():
     assert_close(lse16, lse64[:, :16], cos_tol=1e-7, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("h_q", [16, "16-dequant", 32, 64, "64-portable", 128, "128-portable", "128-cpasync"])
+@pytest.mark.parametrize("h_q", [16, "16-dequant", "16-cpasync", 32, 64, "64-portable", 128, "128-portable", "128-cpasync"])
 @pytest.mark.parametrize("q_exp", [-30, 0, 20])
 @pytest.mark.parametrize("splits", ["1", "3"])
 def test_fp8_ds_mla_scale_spread_and_q_magnitudes(h_q, q_exp, splits, monkeypatch):
@@ -121,7 +121,7 @@ def test_fp8_ds_mla_scale_spread_and_q_magnitudes(h_q, q_exp, splits, monkeypatc
     if h_q == "16-dequant":
         monkeypatch.setenv("MLA_EXT_SPARSE_FP8_DEQUANT", "1")
         h_q = 16
-    elif isinstance(h_q, str):  # "64-portable": the mma.sync kernel where sm90 runs the wgmma one
+    elif isinstance(h_q, str):  # "64-portable": the mma.sync kernel where sm90 runs the wgmma one, etc.
         h_q, path = h_q.split("-")
         h_q = int(h_q)
         _select_64_head_path(path, monkeypatch)
@@ -220,15 +220,19 @@ def test_small_for_sanitizer(fmt):
     _check(q, cache, idx, fmt, tl, torch.randn(20, device="cuda"))
 
 
-@pytest.mark.parametrize("path", ["fragments", "dequant"])
+@pytest.mark.parametrize("path", ["default", "cpasync", "dequant"])
 @pytest.mark.parametrize("h_q", [1, 16])
 @pytest.mark.parametrize("splits", ["1", "3"])
 def test_small_fp8_16_head_paths(path, h_q, splits, monkeypatch):
-    """Both fp8_ds_mla kernels for 16-head tiles (the default reads e4m3 fragments from the
-    staging rows; MLA_EXT_SPARSE_FP8_DEQUANT=1 dequantises into an fp16 tile), with every kind of
-    invalid entry, topk_length, attn_sink, page padding; small enough for compute-sanitizer."""
+    """The fp8_ds_mla kernels for 16-head tiles: the default reads e4m3 fragments from the staging
+    rows, which sm90 gathers with one bulk copy per row ("cpasync", MLA_EXT_SPARSE_SM90=cpasync:
+    16-byte cp.async as on the portable path); MLA_EXT_SPARSE_FP8_DEQUANT=1 dequantises into an
+    fp16 tile. Every kind of invalid entry, topk_length, attn_sink, page padding; small enough
+    for compute-sanitizer."""
     if path == "dequant":
         monkeypatch.setenv("MLA_EXT_SPARSE_FP8_DEQUANT", "1")
+    elif path == "cpasync":
+        monkeypatch.setenv("MLA_EXT_SPARSE_SM90", "cpasync")
     monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", splits)
     q, cache, idx, _ = _case(2, 2, h_q, 333, 61, "fp8_ds_mla", pad_pages=True)
     tl = torch.tensor([333, 140], dtype=torch.int32, device="cuda")
@@ -236,10 +240,10 @@ def test_small_fp8_16_head_paths(path, h_q, splits, monkeypatch):
 
 
 def _select_64_head_path(path, monkeypatch):
-    """fp8_ds_mla 64-head tiles on sm90: "default" (the wgmma kernel, rows gathered by bulk copies),
-    "cpasync" (the same kernel gathering with 16-byte cp.async, MLA_EXT_SPARSE_SM90=cpasync), or
-    "portable" (the mma.sync kernel, MLA_EXT_FORCE_PORTABLE=1). Other GPUs run the portable
-    kernel for all of them."""
+    """fp8_ds_mla on sm90: "default" (64-head tiles: the wgmma kernel; 16-head tiles: the e4m3-
+    fragment kernel; rows gathered by bulk copies), "cpasync" (the same kernels gathering with
+    16-byte cp.async, MLA_EXT_SPARSE_SM90=cpasync), or "portable" (the mma.sync kernels,
+    MLA_EXT_FORCE_PORTABLE=1). Other GPUs run the portable kernels for all of them."""
     if path == "portable":
         monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
     elif path != "default":

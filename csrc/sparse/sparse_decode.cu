@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #include "common/arch.h"
@@ -31,8 +32,10 @@ extern template void launch_sparse_decode_portable<32, CacheFormat::kFp8DsMla, 1
 extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1, false, 4>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1, false, 8>(const SparseDecodeParams&);
 // Compiled in sm90/sparse_decode_sm90_fp8.cu (the kernel body exists in sm_90a code only).
-void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p);
+void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p, bool bulk_rows);
 int sm90_fp8_m64_smem_bytes();
+// Compiled in sm90/sparse_decode_sm90_fp8_m16.cu: the e4m3-fragment kernel with bulk row copies.
+extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8, true>(const SparseDecodeParams&);
 
 namespace {
 
@@ -55,6 +58,17 @@ bool fp8_fragments_allowed(int max_smem) {
   const char* env = std::getenv("MLA_EXT_SPARSE_FP8_DEQUANT");
   const bool dequant = env != nullptr && env[0] != '\0' && env[0] != '0';
   return !dequant && Frags::kSmemBytes <= max_smem;
+}
+
+// How the sm90 fp8_ds_mla kernels gather rows: one cp.async.bulk per row (default, "bulk"), or
+// MLA_EXT_SPARSE_SM90=cpasync: 16-byte cp.async, 8 threads per row, as on the portable path (for
+// comparisons and tests).
+bool sm90_bulk_rows() {
+  const char* env = std::getenv("MLA_EXT_SPARSE_SM90");
+  const std::string want = env != nullptr && env[0] != '\0' ? env : "bulk";
+  if (want != "bulk" && want != "cpasync")
+    throw std::runtime_error("mla_ext: MLA_EXT_SPARSE_SM90 must be bulk or cpasync, got " + want);
+  return want == "bulk";
 }
 
 // Threads per gathered row (PortableConfig::kRowThreads): kDefault, or one of kOthers when
@@ -132,10 +146,15 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
   const bool hopper = info.sm_version == 90 && !force_portable_from_env();
   const int tile = sparse::head_tile(p.h_q);
   // sm90: fp8_ds_mla 64-head tiles run the wgmma kernel (S and O with wgmma, one dequantised fp16
-  // K tile read by both; csrc/sparse/README.md). Everything else, and MLA_EXT_FORCE_PORTABLE=1,
-  // runs the portable kernels.
+  // K tile read by both; csrc/sparse/README.md), 16-head tiles the portable e4m3-fragment kernel
+  // with bulk row copies. Everything else, and MLA_EXT_FORCE_PORTABLE=1, runs the portable kernels.
   const bool sm90_fp8 = hopper && tile == 64 && p.format == CacheFormat::kFp8DsMla &&
                         sparse::sm90_fp8_m64_smem_bytes() <= info.max_smem_per_block;
+  // sm90, fp8_ds_mla 16-head tiles: the portable e4m3-fragment kernel with one bulk copy per row.
+  using BulkM16 = sparse::PortableConfig<16, CacheFormat::kFp8DsMla, 4, true, 8, true>;
+  const bool sm90_fp8_m16 = hopper && tile == 16 && p.format == CacheFormat::kFp8DsMla &&
+                            sparse::fp8_fragments_allowed(info.max_smem_per_block) &&
+                            BulkM16::kSmemBytes <= info.max_smem_per_block && sparse::sm90_bulk_rows();
   auto by_format = [&]<int kM>() {
     if (p.format == CacheFormat::kAuto) {
       sparse::launch_portable<kM, CacheFormat::kAuto>(p, info.max_smem_per_block);
@@ -146,7 +165,9 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
     }
   };
   if (sm90_fp8) {
-    sparse::launch_sparse_decode_sm90_fp8_m64(p);
+    sparse::launch_sparse_decode_sm90_fp8_m64(p, sparse::sm90_bulk_rows());
+  } else if (sm90_fp8_m16) {
+    sparse::launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8, true>(p);
   } else if (tile == 16) {
     by_format.template operator()<16>();
   } else if (tile == 32) {

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <type_traits>
 
+#include "absorb/sm90/tma.cuh"     // kBulkRows (sm_90a code only)
+#include "absorb/sm90/wgmma.cuh"   // MLA_SM90A
 #include "common/attn_sink.cuh"
 #include "common/cuda_check.h"
 #include "common/e4m3.cuh"
@@ -20,7 +22,7 @@
 
 namespace mla::sparse {
 
-template <int kM_, CacheFormat kFormat_, int kStages_, bool kE4m3Frags_ = false, int kRowThreads_ = 8>
+template <int kM_, CacheFormat kFormat_, int kStages_, bool kE4m3Frags_ = false, int kRowThreads_ = 8, bool kBulkRows_ = false>
 struct PortableConfig {
   static constexpr int kM = kM_;                     // query heads per CTA: 16, 32 or 64
   static constexpr CacheFormat kFormat = kFormat_;
@@ -60,6 +62,13 @@ struct PortableConfig {
   // barriers per tile), four staging buffers fit: the main loop pipelines PV(t) with QK^T(t + 1).
   static constexpr bool kE4m3Frags = kE4m3Frags_;
   static_assert(!kE4m3Frags || (kDsMla && kM == 16), "e4m3 fragments: fp8_ds_mla with 16-head tiles");
+  // Hopper (sm_90a code only; the sparse decode's sm90 path): the e4m3-fragment kernel gathers each
+  // 656-byte row with one cp.async.bulk (lanes 0-7 of every warp issue one row each; an mbarrier
+  // per staging buffer counts the 64 rows and their bytes) instead of 41 16-byte cp.async spread
+  // over kRowThreads threads: the rows' copies leave the load/store queue that the fragment loads
+  // wait in, and a row that straddles cache lines costs the TMA engine no extra instructions.
+  static constexpr bool kBulkRows = kBulkRows_;
+  static_assert(!kBulkRows || kE4m3Frags, "bulk row copies: the e4m3-fragment kernel");
   // PV: every warp takes all kM rows and 64 output columns (warp w: 64 w .. + 63), so each V
   // fragment is read once per CTA and reused for the kM / 16 m-tiles (O: 2 kM fp32 per thread).
   static constexpr int kPvMTiles = kM / 16;
@@ -109,7 +118,8 @@ struct PortableConfig {
   static constexpr int kOffRowExp = kOffKScale + kKScaleBytes;
   static constexpr int kOffRowState = kOffRowExp + kRowExpBytes;
   static constexpr int kOffRedS = kOffRowState + kRowStateBytes;
-  static constexpr int kSmemBytes = kOffRedS + kRedSBytes;
+  static constexpr int kOffBars = kOffRedS + kRedSBytes;             // kBulkRows: an mbarrier per staging buffer
+  static constexpr int kSmemBytes = kOffBars + (kBulkRows ? kStages * 8 : 0);
   static_assert(kOffRaw % 16 == 0 && kOffP % 16 == 0 && kOffRed % 16 == 0 && kOffKScale % 16 == 0 && kOffRedS % 16 == 0);
 };
 
@@ -331,14 +341,41 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // copies (volatile asm keeps the order), when the old slot is dead: the load then writes the
   // loop-carried register itself, instead of a copy that would wait for the load at the end of
   // every tile.
-  constexpr int kRowT = Cfg::kRowThreads, kRowsPerPass = Cfg::kThreads / kRowT, kPasses = kN / kRowsPerPass;
-  const int load_row = tid / kRowT;
+  // kBulkRows: lanes 0-7 of warp w copy rows 8 w + lane (one slot each; the other lanes none).
+  constexpr int kRowT = Cfg::kRowThreads, kRowsPerPass = Cfg::kBulkRows ? kN : Cfg::kThreads / kRowT, kPasses = kN / kRowsPerPass;
+  const bool bulk_lane = Cfg::kBulkRows && lane < kN / Cfg::kWarps;
+  const int load_row = Cfg::kBulkRows ? (kN / Cfg::kWarps) * warp + lane : tid / kRowT;
   auto fetch_slot = [&](int tile, int pass) { return fetch_slot_ahead(work.idx_row, tile * kN + load_row + kRowsPerPass * pass, num_keys); };
   int32_t next_slot[kPasses];
 #pragma unroll
-  for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = fetch_slot(tile_begin, pass);
+  for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = !Cfg::kBulkRows || bulk_lane ? fetch_slot(tile_begin, pass) : -1;
   const uint32_t block_size32 = block_size_u32(p);
+  const uint32_t bars = sm80::smem_addr(smem + Cfg::kOffBars);  // kBulkRows: staging buffer j's at bars + 8 j
   auto load_tile = [&](int tile, uint8_t* dst, int valid_slot) {
+    if constexpr (Cfg::kBulkRows) {
+#if MLA_SM90A
+      // valid_slot is the staging buffer's index (the e4m3-fragment loop), hence its mbarrier.
+      // Invalid rows are zero-filled here (their P is 0, but 0 x NaN would not be) and arrive
+      // without bytes; the barrier's phase completes with the 64th arrival and the last byte.
+      if (bulk_lane) {
+        const int32_t slot = next_slot[0];
+        const bool ok = slot >= 0 && slot < p.num_slots;
+        s_valid[valid_slot * kN + load_row] = ok;
+        uint8_t* d = dst + load_row * kDsMlaRowBytes;
+        const uint32_t bar = bars + 8 * valid_slot;
+        if (ok) {
+          sm90::mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
+          sm90::bulk_load(sm80::smem_addr(d), slot_row(p, cache, slot, true, block_size32), kDsMlaRowBytes, bar);
+        } else {
+#pragma unroll 1
+          for (int c = 0; c < kDsMlaRowBytes / 16; ++c) reinterpret_cast<uint4*>(d)[c] = make_uint4(0u, 0u, 0u, 0u);
+          sm90::mbar_arrive(bar);
+        }
+        next_slot[0] = fetch_slot(tile + 1, 0);
+      }
+#endif
+      return;
+    }
     const int part = tid % kRowT;
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
@@ -832,6 +869,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // one and the row-max one (in softmax_p). kStages - 2 tiles are in flight during compute.
     constexpr int kS = Cfg::kStages;
     static_assert(kS >= 3, "the pipelined loop keeps tiles t and t + 1 resident");
+    // Tile t has landed: its cp.async group (this thread's copies; the barrier after the wait
+    // makes them everyone's), or kBulkRows: phase t / kS of its buffer's mbarrier.
+    auto wait_tile = [&](int t) {
+      if constexpr (Cfg::kBulkRows) {
+#if MLA_SM90A
+        sm90::mbar_wait(bars + 8 * (t % kS), (t / kS) & 1);
+#endif
+      }
+    };
+    if constexpr (Cfg::kBulkRows) {
+#if MLA_SM90A
+      if (tid == 0) {
+        for (int j = 0; j < kS; ++j) sm90::mbar_init(bars + 8 * j, kN);
+        sm90::mbar_init_fence();
+      }
+      __syncthreads();
+#else
+      __trap();  // bulk row copies are launched on sm90 only
+#endif
+    }
     if (num_tiles > 0) load_q();
     sm80::cp_async_commit();
 #pragma unroll
@@ -852,12 +909,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       sm80::cp_async_wait<kS - 1>();  // this thread's Q chunks
       start_q_fp16();
       sm80::cp_async_wait<kS - 2>();  // tile 0
+      wait_tile(0);
       __syncthreads();
       qk_partial(stage(0));
       softmax_after_qk(0);
     }
     for (int t = 0; t < num_tiles; ++t) {
       sm80::cp_async_wait<kS - 3>();  // tile t + 1 (loads were issued up to t + kS - 2)
+      if (t + 1 < num_tiles) wait_tile(t + 1);
       __syncthreads();
       const int next = t + kS - 1;
       if (next < num_tiles) load_tile(tile_begin + next, stage(next), next % kS);
@@ -977,9 +1036,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 }
 
-template <int kM, CacheFormat kFormat, int kStages, bool kE4m3Frags = false, int kRowThreads = 8>
+template <int kM, CacheFormat kFormat, int kStages, bool kE4m3Frags = false, int kRowThreads = 8, bool kBulkRows = false>
 void launch_sparse_decode_portable(const SparseDecodeParams& p) {
-  using Cfg = PortableConfig<kM, kFormat, kStages, kE4m3Frags, kRowThreads>;
+  using Cfg = PortableConfig<kM, kFormat, kStages, kE4m3Frags, kRowThreads, kBulkRows>;
   auto kernel = sparse_decode_portable_kernel<Cfg>;
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((p.h_q + kM - 1) / kM, p.num_splits, p.batch * p.s_q);

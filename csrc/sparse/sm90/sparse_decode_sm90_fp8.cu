@@ -432,14 +432,11 @@ void launch_sm90_fp8(const SparseDecodeParams& p) {
   MLA_CHECK_LAUNCH();
 }
 
-// MLA_EXT_SPARSE_SM90=cpasync keeps the first version's gather (16-byte cp.async, 8 threads per
-// row) for comparisons and tests; the default ("bulk") copies each row with one bulk copy.
-void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p) {
-  const char* env = std::getenv("MLA_EXT_SPARSE_SM90");
-  const std::string want = env != nullptr && env[0] != '\0' ? env : "bulk";
-  if (want == "bulk") launch_sm90_fp8<true>(p);
-  else if (want == "cpasync") launch_sm90_fp8<false>(p);
-  else throw std::runtime_error("mla_ext: MLA_EXT_SPARSE_SM90 must be bulk or cpasync, got " + want);
+// bulk_rows: one bulk copy per row (the default); else the first version's gather (16-byte
+// cp.async, 8 threads per row), kept for comparisons and tests (sparse_decode.cu: sm90_bulk_rows).
+void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p, bool bulk_rows) {
+  if (bulk_rows) launch_sm90_fp8<true>(p);
+  else launch_sm90_fp8<false>(p);
 }
 
 }  // namespace mla::sparse
