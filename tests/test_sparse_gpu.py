@@ -239,6 +239,28 @@ def test_small_fp8_16_head_paths(path, h_q, splits, monkeypatch):
     _check(q, cache, idx, "fp8_ds_mla", tl, torch.randn(h_q, device="cuda"))
 
 
+def _sparse_kernels_run(fn):
+    """Names of the sparse-decode kernels one call of fn launches (torch profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if "sparse_decode" in e.name}
+
+
+@pytest.mark.parametrize("h_q", [16, 64])
+def test_sm90_gather_env_selects_kernel(h_q, monkeypatch):
+    """On sm90 the fp8_ds_mla kernels gather rows with bulk copies, MLA_EXT_SPARSE_SM90=cpasync with
+    16-byte cp.async: different kernels, so the paths the other tests name are the ones that run."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the bulk-copy gather is the sm90 path")
+    q, cache, idx, _ = _case(2, 1, h_q, 200, 64, "fp8_ds_mla")
+    call = lambda: mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, "fp8_ds_mla")  # noqa: E731
+    bulk = _sparse_kernels_run(call)
+    monkeypatch.setenv("MLA_EXT_SPARSE_SM90", "cpasync")
+    cpasync = _sparse_kernels_run(call)
+    assert len(bulk) == 1 and len(cpasync) == 1 and bulk != cpasync, (bulk, cpasync)
+
+
 def _select_64_head_path(path, monkeypatch):
     """fp8_ds_mla on sm90: "default" (64-head tiles: the wgmma kernel; 16-head tiles: the e4m3-
     fragment kernel; rows gathered by bulk copies), "cpasync" (the same kernels gathering with
@@ -303,6 +325,7 @@ def test_small_row_threads_4(fmt, h_q, monkeypatch):
     """The gather with 4 threads per row (MLA_EXT_SPARSE_ROW_THREADS=4, kept for comparisons; the
     default is 8) against the reference, with every kind of invalid entry and padded pages."""
     monkeypatch.setenv("MLA_EXT_SPARSE_ROW_THREADS", "4")
+    monkeypatch.setenv("MLA_EXT_SPARSE_SM90", "cpasync")  # (sm90 fp8_ds_mla: else bulk copies, no row threads)
     q, cache, idx, _ = _case(2, 2, h_q, 333, 61, fmt, pad_pages=True)
     tl = torch.tensor([333, 140], dtype=torch.int32, device="cuda")
     _check(q, cache, idx, fmt, tl, torch.randn(h_q, device="cuda"))

@@ -152,9 +152,9 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
                         sparse::sm90_fp8_m64_smem_bytes() <= info.max_smem_per_block;
   // sm90, fp8_ds_mla 16-head tiles: the portable e4m3-fragment kernel with one bulk copy per row.
   using BulkM16 = sparse::PortableConfig<16, CacheFormat::kFp8DsMla, 4, true, 8, true>;
-  const bool sm90_fp8_m16 = hopper && tile == 16 && p.format == CacheFormat::kFp8DsMla &&
+  const bool sm90_fp8_m16 = hopper && tile == 16 && p.format == CacheFormat::kFp8DsMla && sparse::sm90_bulk_rows() &&
                             sparse::fp8_fragments_allowed(info.max_smem_per_block) &&
-                            BulkM16::kSmemBytes <= info.max_smem_per_block && sparse::sm90_bulk_rows();
+                            BulkM16::kSmemBytes <= info.max_smem_per_block;
   auto by_format = [&]<int kM>() {
     if (p.format == CacheFormat::kAuto) {
       sparse::launch_portable<kM, CacheFormat::kAuto>(p, info.max_smem_per_block);

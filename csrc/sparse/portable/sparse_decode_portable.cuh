@@ -364,6 +364,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         uint8_t* d = dst + load_row * kDsMlaRowBytes;
         const uint32_t bar = bars + 8 * valid_slot;
         if (ok) {
+          // The row's bytes were last written by this lane's zero-fill (generic proxy) or read
+          // by every warp before the loop-top barrier; order both before the async-proxy write.
+          sm90::fence_proxy_async_smem();
           sm90::mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
           sm90::bulk_load(sm80::smem_addr(d), slot_row(p, cache, slot, true, block_size32), kDsMlaRowBytes, bar);
         } else {
