@@ -247,41 +247,25 @@ def _sparse_kernels_run(fn):
     return {e.name for e in prof.events() if "sparse_decode" in e.name}
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("h_q", [16, 64])
-def test_sm90_gather_env_selects_kernel(fmt, h_q, monkeypatch):
-    """On sm90 the kernels for 16- and 64-head tiles gather rows with bulk copies,
-    MLA_EXT_SPARSE_SM90=cpasync with 16-byte cp.async: different kernels, so the paths the other
-    tests name are the ones that run."""
+def test_sm90_gather_env_selects_kernel(h_q, monkeypatch):
+    """On sm90 the fp8_ds_mla kernels gather rows with bulk copies, MLA_EXT_SPARSE_SM90=cpasync with
+    16-byte cp.async: different kernels, so the paths the other tests name are the ones that run."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the bulk-copy gather is the sm90 path")
-    q, cache, idx, _ = _case(2, 1, h_q, 200, 64, fmt)
-    call = lambda: mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt)  # noqa: E731
+    q, cache, idx, _ = _case(2, 1, h_q, 200, 64, "fp8_ds_mla")
+    call = lambda: mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, "fp8_ds_mla")  # noqa: E731
     bulk = _sparse_kernels_run(call)
     monkeypatch.setenv("MLA_EXT_SPARSE_SM90", "cpasync")
     cpasync = _sparse_kernels_run(call)
     assert len(bulk) == 1 and len(cpasync) == 1 and bulk != cpasync, (bulk, cpasync)
 
 
-@pytest.mark.parametrize("path", ["default", "cpasync", "portable"])
-@pytest.mark.parametrize("h_q, b", [(16, 3), (5, 2), (64, 2), (128, 2), (40, 3)])
-@pytest.mark.parametrize("splits", ["1", "3"])
-def test_small_bf16_gather_paths(path, h_q, b, splits, monkeypatch):
-    """bf16 cache: on sm90 the 16- and 64-head kernels gather each row with one bulk copy into K
-    rows padded to 1168 bytes ("default"); "cpasync" and "portable" the swizzled cp.async gather.
-    Every kind of invalid entry, topk_length, attn_sink, padded pages; small for the sanitizers."""
-    _select_64_head_path(path, monkeypatch)
-    monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", splits)
-    q, cache, idx, _ = _case(b, 2, h_q, 333, 61, "auto", pad_pages=True)
-    tl = torch.tensor([333, 140, 7][:b], dtype=torch.int32, device="cuda")
-    _check(q, cache, idx, "auto", tl, torch.randn(h_q, device="cuda"))
-
-
 def _select_64_head_path(path, monkeypatch):
-    """On sm90: "default" (fp8_ds_mla 64-head tiles: the wgmma kernel; fp8_ds_mla 16-head and bf16
-    16- / 64-head tiles: the portable kernels; rows gathered by bulk copies), "cpasync" (the same
-    kernels gathering with 16-byte cp.async, MLA_EXT_SPARSE_SM90=cpasync), or "portable" (the
-    mma.sync kernels, MLA_EXT_FORCE_PORTABLE=1). Other GPUs run the portable kernels for all."""
+    """fp8_ds_mla on sm90: "default" (64-head tiles: the wgmma kernel; 16-head tiles: the e4m3-
+    fragment kernel; rows gathered by bulk copies), "cpasync" (the same kernels gathering with
+    16-byte cp.async, MLA_EXT_SPARSE_SM90=cpasync), or "portable" (the mma.sync kernels,
+    MLA_EXT_FORCE_PORTABLE=1). Other GPUs run the portable kernels for all of them."""
     if path == "portable":
         monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
     elif path != "default":

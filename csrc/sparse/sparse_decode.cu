@@ -34,10 +34,8 @@ extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1
 // Compiled in sm90/sparse_decode_sm90_fp8.cu (the kernel body exists in sm_90a code only).
 void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p, bool bulk_rows);
 int sm90_fp8_m64_smem_bytes();
-// Compiled in sm90/sparse_decode_sm90_bulk_rows.cu: portable kernels gathering by bulk row copies.
+// Compiled in sm90/sparse_decode_sm90_fp8_m16.cu: the e4m3-fragment kernel with bulk row copies.
 extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8, true>(const SparseDecodeParams&);
-extern template void launch_sparse_decode_portable<16, CacheFormat::kAuto, 2, false, 8, true>(const SparseDecodeParams&);
-extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2, false, 8, true>(const SparseDecodeParams&);
 
 namespace {
 
@@ -82,26 +80,6 @@ void launch_rows(const SparseDecodeParams& p) {
   bool done = false;
   ((!done && want == kOthers ? (launch_sparse_decode_portable<kM, kFormat, kStages, kFrags, kOthers>(p), done = true) : false), ...);
   if (!done) launch_sparse_decode_portable<kM, kFormat, kStages, kFrags, kDefault>(p);
-}
-
-// sm90: the portable kernels that gather each row with one bulk copy (PortableConfig::kBulkRows;
-// sm90/sparse_decode_sm90_bulk_rows.cu): fp8_ds_mla 16-head tiles (e4m3 fragments), bf16 16- and
-// 64-head tiles. False when none applies (other tiles, MLA_EXT_SPARSE_SM90=cpasync,
-// MLA_EXT_SPARSE_FP8_DEQUANT=1, too little shared memory): the caller launches a portable kernel.
-template <int kM, CacheFormat kFormat, int kStages, bool kFrags>
-bool launch_bulk(const SparseDecodeParams& p, int max_smem) {
-  if (PortableConfig<kM, kFormat, kStages, kFrags, 8, true>::kSmemBytes > max_smem) return false;
-  launch_sparse_decode_portable<kM, kFormat, kStages, kFrags, 8, true>(p);
-  return true;
-}
-bool launch_sm90_bulk_rows(const SparseDecodeParams& p, int tile, int max_smem) {
-  if (!sm90_bulk_rows()) return false;
-  if (p.format == CacheFormat::kFp8DsMla) {
-    return tile == 16 && fp8_fragments_allowed(max_smem) && launch_bulk<16, CacheFormat::kFp8DsMla, 4, true>(p, max_smem);
-  }
-  if (tile == 16) return launch_bulk<16, CacheFormat::kAuto, 2, false>(p, max_smem);
-  if (tile == 64) return launch_bulk<64, CacheFormat::kAuto, 2, false>(p, max_smem);
-  return false;
 }
 
 template <int kM, CacheFormat kFormat>
@@ -168,11 +146,15 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
   const bool hopper = info.sm_version == 90 && !force_portable_from_env();
   const int tile = sparse::head_tile(p.h_q);
   // sm90: fp8_ds_mla 64-head tiles run the wgmma kernel (S and O with wgmma, one dequantised fp16
-  // K tile read by both; csrc/sparse/README.md); fp8_ds_mla 16-head and bf16 16- / 64-head tiles
-  // the portable kernels with bulk row copies. Everything else, and MLA_EXT_FORCE_PORTABLE=1, runs
-  // the portable kernels.
+  // K tile read by both; csrc/sparse/README.md), 16-head tiles the portable e4m3-fragment kernel
+  // with bulk row copies. Everything else, and MLA_EXT_FORCE_PORTABLE=1, runs the portable kernels.
   const bool sm90_fp8 = hopper && tile == 64 && p.format == CacheFormat::kFp8DsMla &&
                         sparse::sm90_fp8_m64_smem_bytes() <= info.max_smem_per_block;
+  // sm90, fp8_ds_mla 16-head tiles: the portable e4m3-fragment kernel with one bulk copy per row.
+  using BulkM16 = sparse::PortableConfig<16, CacheFormat::kFp8DsMla, 4, true, 8, true>;
+  const bool sm90_fp8_m16 = hopper && tile == 16 && p.format == CacheFormat::kFp8DsMla && sparse::sm90_bulk_rows() &&
+                            sparse::fp8_fragments_allowed(info.max_smem_per_block) &&
+                            BulkM16::kSmemBytes <= info.max_smem_per_block;
   auto by_format = [&]<int kM>() {
     if (p.format == CacheFormat::kAuto) {
       sparse::launch_portable<kM, CacheFormat::kAuto>(p, info.max_smem_per_block);
@@ -184,8 +166,8 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
   };
   if (sm90_fp8) {
     sparse::launch_sparse_decode_sm90_fp8_m64(p, sparse::sm90_bulk_rows());
-  } else if (hopper && sparse::launch_sm90_bulk_rows(p, tile, info.max_smem_per_block)) {
-    // launched
+  } else if (sm90_fp8_m16) {
+    sparse::launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8, true>(p);
   } else if (tile == 16) {
     by_format.template operator()<16>();
   } else if (tile == 32) {

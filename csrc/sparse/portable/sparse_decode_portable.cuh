@@ -62,15 +62,13 @@ struct PortableConfig {
   // barriers per tile), four staging buffers fit: the main loop pipelines PV(t) with QK^T(t + 1).
   static constexpr bool kE4m3Frags = kE4m3Frags_;
   static_assert(!kE4m3Frags || (kDsMla && kM == 16), "e4m3 fragments: fp8_ds_mla with 16-head tiles");
-  // Hopper (sm_90a code only; the sparse decode's sm90 path): each gathered row is copied whole by
-  // one cp.async.bulk (lanes 0-7 of every warp issue one row each; an mbarrier per buffer counts
-  // the 64 rows and their bytes) instead of 16-byte cp.async spread over kRowThreads threads: the
-  // copies leave the load/store queue that the operand loads wait in, and a 656-byte fp8_ds_mla
-  // row that straddles cache lines costs the TMA engine no extra instructions. For the
-  // e4m3-fragment kernel (into its staging rows) and bf16 with two K buffers (rows padded, see
-  // kKRowBytes: a bulk copy cannot swizzle).
+  // Hopper (sm_90a code only; the sparse decode's sm90 path): the e4m3-fragment kernel gathers each
+  // 656-byte row with one cp.async.bulk (lanes 0-7 of every warp issue one row each; an mbarrier
+  // per staging buffer counts the 64 rows and their bytes) instead of 41 16-byte cp.async spread
+  // over kRowThreads threads: the rows' copies leave the load/store queue that the fragment loads
+  // wait in, and a row that straddles cache lines costs the TMA engine no extra instructions.
   static constexpr bool kBulkRows = kBulkRows_;
-  static_assert(!kBulkRows || kE4m3Frags || (!kDsMla && kStages_ == 2), "bulk row copies: e4m3 fragments or bf16, 2 stages");
+  static_assert(!kBulkRows || kE4m3Frags, "bulk row copies: the e4m3-fragment kernel");
   // PV: every warp takes all kM rows and 64 output columns (warp w: 64 w .. + 63), so each V
   // fragment is read once per CTA and reused for the kM / 16 m-tiles (O: 2 kM fp32 per thread).
   static constexpr int kPvMTiles = kM / 16;
@@ -96,12 +94,7 @@ struct PortableConfig {
 
   // Shared-memory plan (bytes).
   static constexpr int kQBytes = kM * kChunks * 16;
-  // K tile rows: 1152 bytes with chunk c of row r at c ^ (r % 8) (swz), or, bf16 with bulk row copies,
-  // 1168 bytes (73 chunks) in order: 8 consecutive rows then start 16 bytes apart in the banks, so
-  // every ldmatrix phase (8 rows x 16 bytes) is still conflict-free (k_tile_off).
-  static constexpr bool kPaddedK = kBulkRows && !kDsMla;
-  static constexpr int kKRowBytes = kChunks * 16 + (kPaddedK ? 16 : 0);
-  static constexpr int kKTileBytes = kN * kKRowBytes;
+  static constexpr int kKTileBytes = kN * kChunks * 16;
   static constexpr int kRawTileBytes = kN * kDsMlaRowBytes;
   static constexpr int kRawBytes = kDsMla ? kStages * kRawTileBytes : 0;  // fp8_ds_mla staging
   // P (16-bit): swizzled [kM][64] for ldmatrix; e4m3 fragments: [16][72] with key k at
@@ -134,12 +127,6 @@ struct PortableConfig {
 template <int kRowChunks>
 __device__ __forceinline__ uint32_t swz(int r, int c) {
   return static_cast<uint32_t>((r * kRowChunks + (c ^ (r & 7))) * 16);
-}
-// Byte offset of chunk c of key row r in the K tile (PortableConfig::kKRowBytes).
-template <typename Cfg>
-__device__ __forceinline__ uint32_t k_tile_off(int r, int c) {
-  if constexpr (Cfg::kPaddedK) return static_cast<uint32_t>(r * Cfg::kKRowBytes + 16 * c);
-  else return swz<Cfg::kChunks>(r, c);
 }
 
 using sm80::fast_exp2;  // results below 2^-126 flush to 0: the fp16/bf16 P could not hold them apart from 0
@@ -338,11 +325,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // ---- loaders (all 256 threads) --------------------------------------------------------
   // Q tile: kM heads x 72 chunks; heads past h_q are zero-filled, never read.
   auto load_q = [&]() {
-    load_q_tile<kM, Cfg::kThreads>(p, b, s, h0, tid, s_q, [](int r, int c) { return k_tile_off<Cfg>(r, c); });
+    load_q_tile<kM, Cfg::kThreads>(p, b, s, h0, tid, s_q, [](int r, int c) { return swz<Cfg::kChunks>(r, c); });
   };
   // fp8_ds_mla: q rows in place to q' = q 2^-e_r (normalise_q_rows).
   auto prepare_q_fp16 = [&]() {
-    normalise_q_rows<kM, Cfg::kWarps>(s_q, s_row_exp, warp, lane, [](int r, int c) { return k_tile_off<Cfg>(r, c); });
+    normalise_q_rows<kM, Cfg::kWarps>(s_q, s_row_exp, warp, lane, [](int r, int c) { return swz<Cfg::kChunks>(r, c); });
   };
   // One tile of gathered rows: kRowThreads threads per row, each issues its row's chunks part,
   // part + kRowThreads, ... so one thread computes kRowThreads / 4 row addresses and keeps ~10-18
@@ -367,27 +354,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto load_tile = [&](int tile, uint8_t* dst, int valid_slot) {
     if constexpr (Cfg::kBulkRows) {
 #if MLA_SM90A
-      // valid_slot is also the buffer's index (e4m3 fragments: t % kStages; bf16: t & 1 with two
-      // buffers), hence its mbarrier. Invalid rows are zero-filled here (their P is 0, but 0 x NaN
-      // would not be) and arrive without bytes; the phase completes with the 64th arrival and the
-      // last byte.
-      constexpr uint32_t kRowBytes = Cfg::kDsMla ? kDsMlaRowBytes : kChunks * 16;
-      constexpr int kDstRowBytes = Cfg::kDsMla ? kDsMlaRowBytes : Cfg::kKRowBytes;
+      // valid_slot is the staging buffer's index (the e4m3-fragment loop), hence its mbarrier.
+      // Invalid rows are zero-filled here (their P is 0, but 0 x NaN would not be) and arrive
+      // without bytes; the barrier's phase completes with the 64th arrival and the last byte.
       if (bulk_lane) {
         const int32_t slot = next_slot[0];
         const bool ok = slot >= 0 && slot < p.num_slots;
         s_valid[valid_slot * kN + load_row] = ok;
-        uint8_t* d = dst + load_row * kDstRowBytes;
+        uint8_t* d = dst + load_row * kDsMlaRowBytes;
         const uint32_t bar = bars + 8 * valid_slot;
         if (ok) {
           // The row's bytes were last written by this lane's zero-fill (generic proxy) or read
           // by every warp before the loop-top barrier; order both before the async-proxy write.
           sm90::fence_proxy_async_smem();
-          sm90::mbar_arrive_expect_tx(bar, kRowBytes);
-          sm90::bulk_load(sm80::smem_addr(d), slot_row(p, cache, slot, true, block_size32), kRowBytes, bar);
+          sm90::mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
+          sm90::bulk_load(sm80::smem_addr(d), slot_row(p, cache, slot, true, block_size32), kDsMlaRowBytes, bar);
         } else {
 #pragma unroll 1
-          for (uint32_t c = 0; c < kRowBytes / 16; ++c) reinterpret_cast<uint4*>(d)[c] = make_uint4(0u, 0u, 0u, 0u);
+          for (int c = 0; c < kDsMlaRowBytes / 16; ++c) reinterpret_cast<uint4*>(d)[c] = make_uint4(0u, 0u, 0u, 0u);
           sm90::mbar_arrive(bar);
         }
         next_slot[0] = fetch_slot(tile + 1, 0);
@@ -408,7 +392,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (int j = 0; j < (kChunks + kRowT - 1) / kRowT; ++j) {
           const int c = part + kRowT * j;
           if (kChunks % kRowT == 0 || c < kChunks) {
-            sm80::cp_async16(sm80::smem_addr(dst + k_tile_off<Cfg>(r, c)), row + 16 * c, ok);
+            sm80::cp_async16(sm80::smem_addr(dst + swz<kChunks>(r, c)), row + 16 * c, ok);
           }
         }
       } else {
@@ -423,7 +407,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // and are applied to the partial scores and to P (see compute_tile).
   auto dequant_tile = [&](const uint8_t* s_stage) {
     dequant_ds_mla_rows<kN, Cfg::kWarps, Cfg::kThreads>(s_stage, s_k, warp, lane, tid,
-                                                        [](int r, int c) { return k_tile_off<Cfg>(r, c); });
+                                                        [](int r, int c) { return swz<Cfg::kChunks>(r, c); });
     if (tid < kN) {
       reinterpret_cast<float4*>(s_kscale)[tid] = *reinterpret_cast<const float4*>(s_stage + tid * kDsMlaRowBytes + kDsMlaScaleOffset);
     }
@@ -501,7 +485,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const uint32_t k_base = sm80::smem_addr(s_kt);
     auto ldmatrix_k16 = [&](uint32_t (&bk)[4], int key16, int kk) {
       const int key = key16 + (lane / 16) * 8 + lane % 8;
-      sm80::ldmatrix_x4(bk, k_base + k_tile_off<Cfg>(key, 2 * kk + (lane / 8) % 2));
+      sm80::ldmatrix_x4(bk, k_base + swz<kChunks>(key, 2 * kk + (lane / 8) % 2));
     };
     const int g = warp % 4, kh = warp / 4;
     float part[4][4];
@@ -596,7 +580,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // B fragments of two n8 tiles (keys key .. key + 15 as addressed by this lane), k-step kk.
     auto ldmatrix_k16 = [&](uint32_t (&bk)[4], int key16, int kk) {
       const int key = key16 + (lane / 16) * 8 + lane % 8;
-      sm80::ldmatrix_x4(bk, k_base + k_tile_off<Cfg>(key, 2 * kk + (lane / 8) % 2));
+      sm80::ldmatrix_x4(bk, k_base + swz<kChunks>(key, 2 * kk + (lane / 8) % 2));
     };
     // One 16-dim k-step (chunks 2 kk, 2 kk + 1) of acc += Q K^T on the warp's keys, operand type T.
     auto qk_step = [&](auto type_tag, float (&acc)[Cfg::kSTiles][4], int kk) {
@@ -605,7 +589,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       sm80::ldmatrix_x4(a, q_base + swz<kChunks>(row_group * 16 + lane % 16, 2 * kk + lane / 16));
       if constexpr (Cfg::kSTiles == 1) {
         uint32_t bk[2];
-        sm80::ldmatrix_x2(bk, k_base + k_tile_off<Cfg>(key0 + lane % 8, 2 * kk + (lane / 8) % 2));
+        sm80::ldmatrix_x2(bk, k_base + swz<kChunks>(key0 + lane % 8, 2 * kk + (lane / 8) % 2));
         sm80::mma_16816<T>(acc[0], a, bk[0], bk[1]);
       } else {
 #pragma unroll
@@ -823,7 +807,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (int n16 = 0; n16 < Cfg::kOTiles / 2; ++n16) {
         uint32_t bv[4];
-        sm80::ldmatrix_x4_trans(bv, k_base + k_tile_off<Cfg>(key, (col0 + 16 * n16) / 8 + lane / 16));
+        sm80::ldmatrix_x4_trans(bv, k_base + swz<kChunks>(key, (col0 + 16 * n16) / 8 + lane / 16));
 #pragma unroll
         for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
           sm80::mma_16816<KvT>(o[mt][2 * n16], a[mt], bv[0], bv[1]);
@@ -854,26 +838,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
 
   // ---- main loop ------------------------------------------------------------------------
-  // kBulkRows: tile t has landed when phase t / kStages of its buffer's mbarrier completed (the
-  // barrier after the wait then orders it for everyone); with cp.async, the thread's wait_group.
-  auto wait_tile = [&](int t) {
-    if constexpr (Cfg::kBulkRows) {
-#if MLA_SM90A
-      sm90::mbar_wait(bars + 8 * (t % Cfg::kStages), (t / Cfg::kStages) & 1);
-#endif
-    }
-  };
-  if constexpr (Cfg::kBulkRows) {
-#if MLA_SM90A
-    if (tid == 0) {
-      for (int j = 0; j < Cfg::kStages; ++j) sm90::mbar_init(bars + 8 * j, kN);
-      sm90::mbar_init_fence();
-    }
-    __syncthreads();
-#else
-    __trap();  // bulk row copies are launched on sm90 only
-#endif
-  }
   if constexpr (!Cfg::kDsMla) {
     // bf16 rows go straight into the K buffers; kStages - 1 tiles are in flight during compute.
     // Q has its own cp.async group (16-head tiles read their Q fragments once, before the loop).
@@ -895,7 +859,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (next < num_tiles) load_tile(tile_begin + next, s_k + (next % kS) * Cfg::kKTileBytes, next & 1);
       sm80::cp_async_commit();
       sm80::cp_async_wait<kS - 1>();
-      wait_tile(t);
       __syncthreads();  // tile t visible to all warps
       compute_tile(s_k + (t % kS) * Cfg::kKTileBytes, t & 1);
       __syncthreads();  // everyone done with buffer t % kS before it is refilled
@@ -909,6 +872,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // one and the row-max one (in softmax_p). kStages - 2 tiles are in flight during compute.
     constexpr int kS = Cfg::kStages;
     static_assert(kS >= 3, "the pipelined loop keeps tiles t and t + 1 resident");
+    // Tile t has landed: its cp.async group (this thread's copies; the barrier after the wait
+    // makes them everyone's), or kBulkRows: phase t / kS of its buffer's mbarrier.
+    auto wait_tile = [&](int t) {
+      if constexpr (Cfg::kBulkRows) {
+#if MLA_SM90A
+        sm90::mbar_wait(bars + 8 * (t % kS), (t / kS) & 1);
+#endif
+      }
+    };
+    if constexpr (Cfg::kBulkRows) {
+#if MLA_SM90A
+      if (tid == 0) {
+        for (int j = 0; j < kS; ++j) sm90::mbar_init(bars + 8 * j, kN);
+        sm90::mbar_init_fence();
+      }
+      __syncthreads();
+#else
+      __trap();  // bulk row copies are launched on sm90 only
+#endif
+    }
     if (num_tiles > 0) load_q();
     sm80::cp_async_commit();
 #pragma unroll
