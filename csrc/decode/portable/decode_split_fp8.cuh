@@ -76,15 +76,20 @@ namespace mla::decode::portable {
 
 inline constexpr int align1024(int bytes) { return (bytes + 1023) / 1024 * 1024; }
 
-template <typename T, CacheFormat kFormat, int kRowThreadsT, bool kQkWgmmaT, bool kTmaTilesT = false>
+// How the sm90 kernel copies a tile with TMA (kTmaT): not at all (cp.async), as one page of whole
+// tiles (block_size % 64 == 0), or as 2-8 pages of block_size rows (block sizes 8, 16, 32).
+enum TmaTiles : int { kTmaNone = 0, kTmaWholePage = 1, kTmaPages = 2 };
+
+template <typename T, CacheFormat kFormat, int kRowThreadsT, bool kQkWgmmaT, int kTmaT = kTmaNone>
 struct Fp8SplitConfig {
   static_assert(kFormat == CacheFormat::kFp8 || kFormat == CacheFormat::kFp8DsMla);
   static constexpr bool kDsMla = kFormat == CacheFormat::kFp8DsMla;
   static constexpr bool kQkWgmma = kQkWgmmaT;  // sm90a: S^T = K q^T on wgmma (see the file comment)
-  // sm90a, block_size % 64 == 0: each tile is one page; one thread per team copies it with TMA
-  // (p.kv_map: five [64 rows][128 B] boxes, already in the wgmma layout; fp8_ds_mla's scales by
-  // p.scale_map) and an mbarrier per stage counts the bytes, instead of ~10 cp.async per thread.
-  static constexpr bool kTmaTiles = kTmaTilesT;
+  // sm90a, block sizes that are multiples of 64 or 8 / 16 / 32: tiles copied with TMA (p.kv_map:
+  // [rows][128 B] boxes, already in the wgmma layout; fp8_ds_mla's scales by p.scale_map), an
+  // mbarrier per stage counting the bytes, instead of ~10 cp.async per thread (TmaTiles).
+  static constexpr int kTma = kTmaT;
+  static constexpr bool kTmaTiles = kTma != kTmaNone;
   static_assert(!kTmaTiles || kQkWgmma, "TMA tiles come in the wgmma layout");
   static constexpr int kRows = 16;
   static constexpr int kTeams = 2;
@@ -213,9 +218,10 @@ __device__ __forceinline__ int p_column(int k) {
   return kQkWgmma ? k : 8 * (k / 8) + 2 * (k % 4) + (k % 8) / 4;
 }
 
-template <typename T, CacheFormat kFormat, int kRowThreads, bool kQkWgmma, bool kTmaTiles = false>
+template <typename T, CacheFormat kFormat, int kRowThreads, bool kQkWgmma, int kTma = kTmaNone>
 __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_constant__ DecodeParams p) {
-  using C = Fp8SplitConfig<T, kFormat, kRowThreads, kQkWgmma, kTmaTiles>;
+  using C = Fp8SplitConfig<T, kFormat, kRowThreads, kQkWgmma, kTma>;
+  constexpr bool kTmaTiles = C::kTmaTiles;
   using sm80::cp_async16;
   using sm80::mma_16816;
   using sm80::named_barrier;
@@ -248,8 +254,10 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
   if constexpr (kTmaTiles) {
 #if MLA_SM90A
     if (ttid == 0) {
-      // One arrival per page of a tile (p.tma_box_rows rows each): its thread's expect_tx.
-      for (int s2 = 0; s2 < C::kStages; ++s2) sm90::mbar_init(tile_bar + 8 * s2, kBlockN / p.tma_box_rows);
+      // One arrival per page of a tile (whole page: 1; else p.tma_box_rows rows each): its
+      // thread's expect_tx.
+      const uint32_t arrivals = kTma == kTmaWholePage ? 1 : kBlockN / p.tma_box_rows;
+      for (int s2 = 0; s2 < C::kStages; ++s2) sm90::mbar_init(tile_bar + 8 * s2, arrivals);
       sm90::mbar_init_fence();
     }
     __syncthreads();
@@ -377,16 +385,43 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       issue_rows(c, 0);
       issue_rows(c, 1);
     };
-    // kTmaTiles: a tile is 64 / p.tma_box_rows pages (1 for block sizes that are multiples of 64;
-    // 2, 4 or 8 for 32, 16, 8). Threads 0-63 read their row's block-table entry a tile ahead
-    // (tma_page_of); at issue time they write the row flags (and warps 0-1 whether any row of theirs
-    // is invalid, bytes 64 and 65), and the first thread of each page copies it: five [rows][128 B]
-    // boxes (+ fp8_ds_mla's scales) at row offset j * rows of page j, completing its share of the
-    // stage's mbarrier (or arriving without bytes when the page is invalid or past the sequence).
-    auto tma_page_of = [&](int t) { return ttid < kBlockN && t < tile_end ? cache_page(p, bt, t * kBlockN + ttid, kv_len) : -1; };
+    // kTmaWholePage: tile t is one page (page_id: its block-table entry, read a tile ahead by
+    // threads 0-64); thread 0 copies it as five [64 rows][128 B] boxes (+ fp8_ds_mla's scales),
+    // threads 0-63 write the row flags and thread 64 the page's (byte 64).
+    // kTmaPages: a tile is 64 / p.tma_box_rows pages (2, 4 or 8 for block sizes 32, 16, 8).
+    // Threads 0-63 read their row's block-table entry a tile ahead; at issue time they write the
+    // row flags (and warps 0-1 whether any row of theirs is invalid, bytes 64 and 65), and the first
+    // thread of each page copies it: five [rows][128 B] boxes (+ scales) at row offset j * rows of
+    // page j, completing its share of the stage's mbarrier (or arriving without bytes when the
+    // page is invalid or past the sequence). (The whole-page path is kept separate: the per-row
+    // lookups and votes cost block size 64 ~3.5% in a same-run A/B, logs/s5_ab_whole_page.)
+    auto tma_page_of = [&](int t) {
+      if constexpr (kTma == kTmaWholePage) return ttid <= kBlockN && t < tile_end ? cache_page(p, bt, t * kBlockN, kv_len) : -1;
+      else return ttid < kBlockN && t < tile_end ? cache_page(p, bt, t * kBlockN + ttid, kv_len) : -1;
+    };
     auto issue_tile = [&](int t, int stage, int page_id) {
 #if MLA_SM90A
-      if (ttid < kBlockN) {
+      if constexpr (kTma == kTmaWholePage) {
+        const int k0 = t * kBlockN;
+        const bool page_ok = page_id >= 0 && page_id < p.num_blocks;
+        uint8_t* flags_w = team_smem + C::kOffStages + stage * C::kStageBytes + C::kStageKeyBytes + C::kStageScaleBytes;
+        if (ttid < kBlockN) flags_w[ttid] = page_ok && k0 + ttid < kv_len;
+        if (ttid == kBlockN) flags_w[kBlockN] = page_ok;
+        if (ttid == 0) {
+          const uint32_t bar = tile_bar + 8 * stage, dst = stage_base + stage * C::kStageBytes;
+          if (page_ok) {
+            const int row = p.block_div.mod(k0, p.block_div.div(k0));
+            sm90::mbar_arrive_expect_tx(bar, C::kTmaRowBytes * kBlockN);
+#pragma unroll
+            for (int b = 0; b < 5; ++b)  // nope blocks, then the rope dims (fp8: 64 bytes + 64 zeros)
+              sm90::tma_load_3d(dst + b * C::kBlockStride, &p.kv_map, bar,
+                                b < 4 ? 128 * b : (C::kDsMla ? kDsMlaRopeOffset : kKvLoraRank), row, page_id);
+            if constexpr (C::kDsMla) sm90::tma_load_3d(dst + C::kStageKeyBytes, &p.scale_map, bar, 0, row, page_id);
+          } else {
+            sm90::mbar_arrive(bar);  // nothing to copy: every row of the tile is invalid
+          }
+        }
+      } else if (ttid < kBlockN) {
         const int k0 = t * kBlockN, key = k0 + ttid;
         const bool page_ok = page_id >= 0 && page_id < p.num_blocks;
         const bool row_ok = page_ok && key < kv_len;
@@ -545,8 +580,20 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         // Invalid rows (past the sequence, or of an invalid page) hold whatever the page or the
         // stage's previous tile left: their scores are masked, but their values and scales meet
         // P = 0 in products, so they must be finite: zeroed here (values: blocks 0-3; before
-        // wgmma reads the tile, hence the proxy fence). Rare: the last tile of a sequence.
-        if (flags[kBlockN] | flags[kBlockN + 1]) {
+        // wgmma reads the tile, hence the proxy fence). Rare: the last tile of a sequence. Whole
+        // pages: the rows from the first invalid one on (all of them for an invalid page).
+        if constexpr (kTma == kTmaWholePage) {
+          const int t_abs = tile_begin + i;
+          const int n_valid = flags[kBlockN] ? min(kBlockN, kv_len - t_abs * kBlockN) : 0;
+          if (n_valid < kBlockN) {
+            for (int idx = ttid; idx < (kBlockN - n_valid) * 33; idx += C::kTeamThreads) {
+              const int r = n_valid + idx / 33, c = idx % 33;  // 32 value chunks, then the scales
+              uint8_t* dst = c < 32 ? st + key_chunk_offset<C>(r, c) : st + C::kStageKeyBytes + 16 * r;
+              if (c < 32 || C::kDsMla) *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+            }
+            sm90::fence_proxy_async_smem();
+          }
+        } else if (flags[kBlockN] | flags[kBlockN + 1]) {
           for (int idx = ttid; idx < kBlockN * 33; idx += C::kTeamThreads) {
             const int r = idx / 33, c = idx % 33;  // 32 value chunks, then the scales
             if (flags[r]) continue;
@@ -959,9 +1006,14 @@ template <typename T, CacheFormat kFormat, bool kQkWgmma>
 void launch_decode_split_fp8(const DecodeParams& p) {
   const char* what = kQkWgmma ? "sm90 fp8 decode kernel" : "portable fp8 decode kernel";
   if constexpr (kQkWgmma) {
-    if (p.tma_tiles) {  // whole-tile TMA copies (the row-thread count does not apply)
-      using C = Fp8SplitConfig<T, kFormat, 8, true, true>;
-      launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8, true, true>, C::kThreads, C::kSmemLaunchBytes, what, p);
+    if (p.tma_tiles) {  // TMA tile copies (the row-thread count does not apply)
+      if (p.tma_box_rows == kBlockN) {
+        using C = Fp8SplitConfig<T, kFormat, 8, true, kTmaWholePage>;
+        launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8, true, kTmaWholePage>, C::kThreads, C::kSmemLaunchBytes, what, p);
+      } else {
+        using C = Fp8SplitConfig<T, kFormat, 8, true, kTmaPages>;
+        launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8, true, kTmaPages>, C::kThreads, C::kSmemLaunchBytes, what, p);
+      }
       return;
     }
   }
