@@ -29,9 +29,6 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <stdexcept>
-#include <string>
 
 #include "absorb/sm90/tma.cuh"
 #include "absorb/sm90/wgmma.cuh"
