@@ -191,6 +191,24 @@ __device__ __forceinline__ const uint8_t* slot_row(const SparseDecodeParams& p, 
   return ok ? cache + int64_t(blk) * p.stride_cache_block_bytes + int64_t(tok) * p.stride_cache_token_bytes : cache;
 }
 
+// sm90 (bulk row gathers of the 16-head e4m3-fragment kernel and the sm90 64-head kernel): the
+// 656-byte fp8_ds_mla row of `slot` into dst_row with one cp.async.bulk completing on mbarrier `bar`,
+// or, for an invalid slot, zeros (their P is 0, but 0 x NaN would not be) and an arrival without
+// bytes: each row's thread arrives once per fill. fence_first: order this thread's earlier generic
+// writes of dst_row (a zero-fill of the same buffer's previous fill) before the async-proxy copy.
+__device__ __forceinline__ void bulk_ds_mla_row(const SparseDecodeParams& p, const uint8_t* cache, int32_t slot, bool ok,
+                                                uint32_t block_size32, uint8_t* dst_row, uint32_t bar, bool fence_first) {
+  if (ok) {
+    if (fence_first) sm90::fence_proxy_async_smem();
+    sm90::mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
+    sm90::bulk_load(sm80::smem_addr(dst_row), slot_row(p, cache, slot, true, block_size32), kDsMlaRowBytes, bar);
+  } else {
+#pragma unroll 1
+    for (int c = 0; c < kDsMlaRowBytes / 16; ++c) reinterpret_cast<uint4*>(dst_row)[c] = make_uint4(0u, 0u, 0u, 0u);
+    sm90::mbar_arrive(bar);
+  }
+}
+
 // fp8_ds_mla: thread `part` of a row's kRowT threads copies 16-byte chunks part, part + kRowT, ...
 // of the 656-byte row into dst_row (zero-filled when !ok).
 template <int kRowT>
@@ -354,26 +372,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto load_tile = [&](int tile, uint8_t* dst, int valid_slot) {
     if constexpr (Cfg::kBulkRows) {
 #if MLA_SM90A
-      // valid_slot is the staging buffer's index (the e4m3-fragment loop), hence its mbarrier.
-      // Invalid rows are zero-filled here (their P is 0, but 0 x NaN would not be) and arrive
-      // without bytes; the barrier's phase completes with the 64th arrival and the last byte.
+      // valid_slot is the staging buffer's index (the e4m3-fragment loop), hence its mbarrier; the
+      // phase completes with the 64th arrival and the last byte. The fence: the row's bytes were
+      // last written by this lane's zero-fill or read by every warp before the loop-top barrier.
       if (bulk_lane) {
         const int32_t slot = next_slot[0];
         const bool ok = slot >= 0 && slot < p.num_slots;
         s_valid[valid_slot * kN + load_row] = ok;
-        uint8_t* d = dst + load_row * kDsMlaRowBytes;
-        const uint32_t bar = bars + 8 * valid_slot;
-        if (ok) {
-          // The row's bytes were last written by this lane's zero-fill (generic proxy) or read
-          // by every warp before the loop-top barrier; order both before the async-proxy write.
-          sm90::fence_proxy_async_smem();
-          sm90::mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
-          sm90::bulk_load(sm80::smem_addr(d), slot_row(p, cache, slot, true, block_size32), kDsMlaRowBytes, bar);
-        } else {
-#pragma unroll 1
-          for (int c = 0; c < kDsMlaRowBytes / 16; ++c) reinterpret_cast<uint4*>(d)[c] = make_uint4(0u, 0u, 0u, 0u);
-          sm90::mbar_arrive(bar);
-        }
+        bulk_ds_mla_row(p, cache, slot, ok, block_size32, dst + load_row * kDsMlaRowBytes, bars + 8 * valid_slot, true);
         next_slot[0] = fetch_slot(tile + 1, 0);
       }
 #endif

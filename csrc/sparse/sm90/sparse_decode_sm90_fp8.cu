@@ -131,16 +131,8 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
         const int32_t slot = next_slot[0];
         const bool ok = slot >= 0 && slot < p.num_slots;
         s_valid[valid_slot * kN + tid] = ok;
-        uint8_t* dst = s_raw + tid * kDsMlaRowBytes;
-        if (ok) {
-          const uint8_t* row = slot_row(p, cache, slot, true, block_size32);
-          sm90::mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
-          sm90::bulk_load(sm80::smem_addr(dst), row, kDsMlaRowBytes, bar);
-        } else {
-#pragma unroll 1
-          for (int c = 0; c < kRawChunks; ++c) reinterpret_cast<uint4*>(dst)[c] = make_uint4(0, 0, 0, 0);
-          sm90::mbar_arrive(bar);
-        }
+        // (no fence here: every thread fences the async proxy after the tile's dequantisation)
+        bulk_ds_mla_row(p, cache, slot, ok, block_size32, s_raw + tid * kDsMlaRowBytes, bar, false);
         next_slot[0] = fetch_slot(tile + 1, 0);
       }
     } else {
