@@ -104,7 +104,7 @@ def test_h16_reads_same_rows_as_h64():
     assert_close(lse16, lse64[:, :16], cos_tol=1e-7, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("h_q", [16, "16-dequant", "16-cpasync", 32, 64, "64-portable", 128, "128-portable", "128-cpasync"])
+@pytest.mark.parametrize("h_q", [16, "16-copy0", "16-dequant", "16-cpasync", 32, 64, "64-portable", 128, "128-portable", "128-cpasync"])
 @pytest.mark.parametrize("q_exp", [-30, 0, 20])
 @pytest.mark.parametrize("splits", ["1", "3"])
 def test_fp8_ds_mla_scale_spread_and_q_magnitudes(h_q, q_exp, splits, monkeypatch):
@@ -120,6 +120,9 @@ def test_fp8_ds_mla_scale_spread_and_q_magnitudes(h_q, q_exp, splits, monkeypatc
     monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", splits)
     if h_q == "16-dequant":
         monkeypatch.setenv("MLA_EXT_SPARSE_FP8_DEQUANT", "1")
+        h_q = 16
+    elif h_q == "16-copy0":  # sm90: the bulk copies issued by the compute warps (default: 4 copy warps)
+        monkeypatch.setenv("MLA_EXT_SPARSE_COPY_WARPS", "0")
         h_q = 16
     elif isinstance(h_q, str):  # "64-portable": the mma.sync kernel where sm90 runs the wgmma one, etc.
         h_q, path = h_q.split("-")
@@ -220,12 +223,13 @@ def test_small_for_sanitizer(fmt):
     _check(q, cache, idx, fmt, tl, torch.randn(20, device="cuda"))
 
 
-@pytest.mark.parametrize("path", ["default", "cpasync", "dequant"])
+@pytest.mark.parametrize("path", ["default", "copy0", "cpasync", "dequant"])
 @pytest.mark.parametrize("h_q", [1, 16])
 @pytest.mark.parametrize("splits", ["1", "3"])
 def test_small_fp8_16_head_paths(path, h_q, splits, monkeypatch):
     """The fp8_ds_mla kernels for 16-head tiles: the default reads e4m3 fragments from the staging
-    rows, which sm90 gathers with one bulk copy per row ("cpasync", MLA_EXT_SPARSE_SM90=cpasync:
+    rows, which sm90 gathers with one bulk copy per row, issued by 4 copy warps ("copy0",
+    MLA_EXT_SPARSE_COPY_WARPS=0: by the compute warps; "cpasync", MLA_EXT_SPARSE_SM90=cpasync:
     16-byte cp.async as on the portable path); MLA_EXT_SPARSE_FP8_DEQUANT=1 dequantises into an
     fp16 tile. Every kind of invalid entry, topk_length, attn_sink, page padding; small enough
     for compute-sanitizer."""
@@ -233,6 +237,8 @@ def test_small_fp8_16_head_paths(path, h_q, splits, monkeypatch):
         monkeypatch.setenv("MLA_EXT_SPARSE_FP8_DEQUANT", "1")
     elif path == "cpasync":
         monkeypatch.setenv("MLA_EXT_SPARSE_SM90", "cpasync")
+    elif path == "copy0":
+        monkeypatch.setenv("MLA_EXT_SPARSE_COPY_WARPS", "0")
     monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", splits)
     q, cache, idx, _ = _case(2, 2, h_q, 333, 61, "fp8_ds_mla", pad_pages=True)
     tl = torch.tensor([333, 140], dtype=torch.int32, device="cuda")
@@ -259,6 +265,23 @@ def test_sm90_gather_env_selects_kernel(h_q, monkeypatch):
     monkeypatch.setenv("MLA_EXT_SPARSE_SM90", "cpasync")
     cpasync = _sparse_kernels_run(call)
     assert len(bulk) == 1 and len(cpasync) == 1 and bulk != cpasync, (bulk, cpasync)
+
+
+def test_sm90_copy_warps_env_selects_kernel(monkeypatch):
+    """On sm90 the fp8_ds_mla 16-head kernel's bulk copies are issued by 4 copy warps,
+    MLA_EXT_SPARSE_COPY_WARPS=0 by the compute warps: different kernels (so "copy0" tests what it
+    names); any other value is refused with a message."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the copy warps are the sm90 16-head kernel's")
+    q, cache, idx, _ = _case(2, 1, 16, 200, 64, "fp8_ds_mla")
+    call = lambda: mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, "fp8_ds_mla")  # noqa: E731
+    four = _sparse_kernels_run(call)
+    monkeypatch.setenv("MLA_EXT_SPARSE_COPY_WARPS", "0")
+    zero = _sparse_kernels_run(call)
+    assert len(four) == 1 and len(zero) == 1 and four != zero, (four, zero)
+    monkeypatch.setenv("MLA_EXT_SPARSE_COPY_WARPS", "2")
+    with pytest.raises(RuntimeError, match="MLA_EXT_SPARSE_COPY_WARPS must be 4 or 0"):
+        call()
 
 
 def _select_64_head_path(path, monkeypatch):
@@ -296,11 +319,12 @@ def test_small_fp8_64_head_paths(path, h_q, b, splits, monkeypatch):
 
 
 @pytest.mark.parametrize("path", ["default", "cpasync", "portable"])
-@pytest.mark.parametrize("h_q", [64, 128])
-def test_fp8_64_head_rising_scores(path, h_q, monkeypatch):
+@pytest.mark.parametrize("h_q", [16, 64, 128])
+def test_fp8_rising_scores(path, h_q, monkeypatch):
     """Scores that rise along the top-k list (rows c_k u + noise, q ~ u, indices in order), by ~2
     (log2 units) per 64-key tile and once by ~28: the running maximum moves on every tile (O is
-    rescaled every tile), and the tile scales grow with c_k (the scale reference R moves too)."""
+    rescaled every tile), and the tile scales grow with c_k (the scale reference R moves too).
+    h_q 16 runs the 16-head kernels (sm90 default: bulk copies from copy warps)."""
     _select_64_head_path(path, monkeypatch)
     monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", "1")
     topk, bs = 2048, 64

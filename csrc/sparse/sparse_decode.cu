@@ -34,8 +34,10 @@ extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1
 // Compiled in sm90/sparse_decode_sm90_fp8.cu (the kernel body exists in sm_90a code only).
 void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p, bool bulk_rows);
 int sm90_fp8_m64_smem_bytes();
-// Compiled in sm90/sparse_decode_sm90_fp8_m16.cu: the e4m3-fragment kernel with bulk row copies.
-extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8, true>(const SparseDecodeParams&);
+// Compiled in sm90/sparse_decode_sm90_fp8_m16.cu: the e4m3-fragment kernel with bulk row copies,
+// issued by 4 copy warps or by the compute warps.
+extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 4>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 0>(const SparseDecodeParams&);
 
 namespace {
 
@@ -69,6 +71,16 @@ bool sm90_bulk_rows() {
   if (want != "bulk" && want != "cpasync")
     throw std::runtime_error("mla_ext: MLA_EXT_SPARSE_SM90 must be bulk or cpasync, got " + want);
   return want == "bulk";
+}
+
+// Who issues the bulk copies of the sm90 fp8_ds_mla 16-head kernel: 4 copy warps (default), or
+// MLA_EXT_SPARSE_COPY_WARPS=0: lanes 0-7 of every compute warp (for comparisons and tests).
+int sm90_m16_copy_warps() {
+  const char* env = std::getenv("MLA_EXT_SPARSE_COPY_WARPS");
+  const std::string want = env != nullptr && env[0] != '\0' ? env : "4";
+  if (want != "4" && want != "0")
+    throw std::runtime_error("mla_ext: MLA_EXT_SPARSE_COPY_WARPS must be 4 or 0, got " + want);
+  return want == "4" ? 4 : 0;
 }
 
 // Threads per gathered row (PortableConfig::kRowThreads): kDefault, or one of kOthers when
@@ -151,7 +163,7 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
   const bool sm90_fp8 = hopper && tile == 64 && p.format == CacheFormat::kFp8DsMla &&
                         sparse::sm90_fp8_m64_smem_bytes() <= info.max_smem_per_block;
   // sm90, fp8_ds_mla 16-head tiles: the portable e4m3-fragment kernel with one bulk copy per row.
-  using BulkM16 = sparse::PortableConfig<16, CacheFormat::kFp8DsMla, 4, true, 8, true>;
+  using BulkM16 = sparse::PortableConfig<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 4>;  // (either issuer: same size)
   const bool sm90_fp8_m16 = hopper && tile == 16 && p.format == CacheFormat::kFp8DsMla && sparse::sm90_bulk_rows() &&
                             sparse::fp8_fragments_allowed(info.max_smem_per_block) &&
                             BulkM16::kSmemBytes <= info.max_smem_per_block;
@@ -167,7 +179,11 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
   if (sm90_fp8) {
     sparse::launch_sparse_decode_sm90_fp8_m64(p, sparse::sm90_bulk_rows());
   } else if (sm90_fp8_m16) {
-    sparse::launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8, true>(p);
+    if (sparse::sm90_m16_copy_warps() == 4) {
+      sparse::launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 4>(p);
+    } else {
+      sparse::launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 0>(p);
+    }
   } else if (tile == 16) {
     by_format.template operator()<16>();
   } else if (tile == 32) {

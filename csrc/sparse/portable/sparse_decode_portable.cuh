@@ -22,7 +22,8 @@
 
 namespace mla::sparse {
 
-template <int kM_, CacheFormat kFormat_, int kStages_, bool kE4m3Frags_ = false, int kRowThreads_ = 8, bool kBulkRows_ = false>
+template <int kM_, CacheFormat kFormat_, int kStages_, bool kE4m3Frags_ = false, int kRowThreads_ = 8, bool kBulkRows_ = false,
+          int kCopyWarps_ = 0>
 struct PortableConfig {
   static constexpr int kM = kM_;                     // query heads per CTA: 16, 32 or 64
   static constexpr CacheFormat kFormat = kFormat_;
@@ -37,7 +38,7 @@ struct PortableConfig {
   // kRowThreads / 4 rows of a 64-key tile (one slot and one division each).
   static constexpr int kRowThreads = kRowThreads_;
   static_assert(kRowThreads == 4 || kRowThreads == 8 || kRowThreads == 16, "4, 8 or 16 threads per gathered row");
-  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kThreads = 32 * kWarps;  // the compute threads (barrier counts, loaders)
   static constexpr int kN = 64;                      // keys (gathered rows) per tile
   // QK^T: warp (row_group, col_group) computes rows [16 row_group, +16) of the head tile for the
   // col_group-th slice of the tile's keys; the softmax keeps that layout (2 rows per thread).
@@ -69,6 +70,14 @@ struct PortableConfig {
   // wait in, and a row that straddles cache lines costs the TMA engine no extra instructions.
   static constexpr bool kBulkRows = kBulkRows_;
   static_assert(!kBulkRows || kE4m3Frags, "bulk row copies: the e4m3-fragment kernel");
+  // Who issues the bulk copies: kCopyWarps extra warps after the compute warps (kN / kCopyWarps
+  // rows each, one per lane), or with 0 lanes 0-7 of every compute warp. A warp issues its copies
+  // one after the other (the copy takes uniform-register operands: the compiler loops over the
+  // lanes, ~90 cycles per row on the H200), so in the compute warps the 8 copies held back each
+  // tile's MMAs by ~700 cycles; 4 copy warps take them off that path (csrc/sparse/README.md).
+  static constexpr int kCopyWarps = kCopyWarps_;
+  static_assert(kCopyWarps == 0 || (kBulkRows && kN % kCopyWarps == 0 && kN / kCopyWarps <= 32));
+  static constexpr int kLaunchThreads = kThreads + 32 * kCopyWarps;
   // PV: every warp takes all kM rows and 64 output columns (warp w: 64 w .. + 63), so each V
   // fragment is read once per CTA and reused for the kM / 16 m-tiles (O: 2 kM fp32 per thread).
   static constexpr int kPvMTiles = kM / 16;
@@ -318,7 +327,7 @@ __device__ __forceinline__ void normalise_q_rows(uint8_t* s_q, int* s_row_exp, i
 }
 
 template <typename Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1)
+__global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     sparse_decode_portable_kernel(const __grid_constant__ SparseDecodeParams p) {
   constexpr int kM = Cfg::kM, kN = Cfg::kN, kChunks = Cfg::kChunks;
   using KvT = typename Cfg::KvT;
@@ -359,10 +368,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // copies (volatile asm keeps the order), when the old slot is dead: the load then writes the
   // loop-carried register itself, instead of a copy that would wait for the load at the end of
   // every tile.
-  // kBulkRows: lanes 0-7 of warp w copy rows 8 w + lane (one slot each; the other lanes none).
+  // kBulkRows: lane l of copy warp c (or, without copy warps, of compute warp w) copies row
+  // 16 c + l (8 w + l), one slot each; the other lanes none.
+  const bool copy_warp = Cfg::kCopyWarps > 0 && warp >= Cfg::kWarps;
+  constexpr int kBulkRowsPerWarp = kN / (Cfg::kCopyWarps > 0 ? Cfg::kCopyWarps : Cfg::kWarps);
   constexpr int kRowT = Cfg::kRowThreads, kRowsPerPass = Cfg::kBulkRows ? kN : Cfg::kThreads / kRowT, kPasses = kN / kRowsPerPass;
-  const bool bulk_lane = Cfg::kBulkRows && lane < kN / Cfg::kWarps;
-  const int load_row = Cfg::kBulkRows ? (kN / Cfg::kWarps) * warp + lane : tid / kRowT;
+  const bool bulk_lane = Cfg::kBulkRows && lane < kBulkRowsPerWarp && (Cfg::kCopyWarps == 0 || copy_warp);
+  const int load_row = Cfg::kBulkRows ? kBulkRowsPerWarp * (copy_warp ? warp - Cfg::kWarps : warp) + lane : tid / kRowT;
   auto fetch_slot = [&](int tile, int pass) { return fetch_slot_ahead(work.idx_row, tile * kN + load_row + kRowsPerPass * pass, num_keys); };
   int32_t next_slot[kPasses];
 #pragma unroll
@@ -898,7 +910,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       __trap();  // bulk row copies are launched on sm90 only
 #endif
     }
-    if (num_tiles > 0) load_q();
+    if (!copy_warp && num_tiles > 0) load_q();
     sm80::cp_async_commit();
 #pragma unroll
     for (int i = 0; i < kS - 1; ++i) {
@@ -906,6 +918,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       sm80::cp_async_commit();
     }
     auto stage = [&](int t) { return s_raw + (t % kS) * Cfg::kRawTileBytes; };
+    if (copy_warp) {
+      // Copy warps: after each loop-top barrier (the buffer of tile t - 1 is free) the rows of tile
+      // t + kS - 1. They join every CTA-wide barrier of the compute warps, in order: the two of
+      // start_q_fp16 and the prologue's (when there are tiles), one per tile, the epilogue's.
+      if (num_tiles > 0) {
+        __syncthreads();
+        __syncthreads();
+        __syncthreads();
+      }
+      for (int t = 0; t < num_tiles; ++t) {
+        __syncthreads();
+        const int next = t + kS - 1;
+        if (next < num_tiles) load_tile(tile_begin + next, stage(next), next % kS);
+      }
+      __syncthreads();
+      return;
+    }
     // QK^T of tile t's partial sums, their barrier, the softmax: P(t) and s_corr for tile t.
     float v_rescale = 1.f;
     auto softmax_after_qk = [&](int t) {
@@ -1045,13 +1074,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 }
 
-template <int kM, CacheFormat kFormat, int kStages, bool kE4m3Frags = false, int kRowThreads = 8, bool kBulkRows = false>
+template <int kM, CacheFormat kFormat, int kStages, bool kE4m3Frags = false, int kRowThreads = 8, bool kBulkRows = false,
+          int kCopyWarps = 0>
 void launch_sparse_decode_portable(const SparseDecodeParams& p) {
-  using Cfg = PortableConfig<kM, kFormat, kStages, kE4m3Frags, kRowThreads, kBulkRows>;
+  using Cfg = PortableConfig<kM, kFormat, kStages, kE4m3Frags, kRowThreads, kBulkRows, kCopyWarps>;
   auto kernel = sparse_decode_portable_kernel<Cfg>;
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((p.h_q + kM - 1) / kM, p.num_splits, p.batch * p.s_q);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, p.stream>>>(p);
+  kernel<<<grid, Cfg::kLaunchThreads, Cfg::kSmemBytes, p.stream>>>(p);
   MLA_CHECK_LAUNCH();
 }
 
