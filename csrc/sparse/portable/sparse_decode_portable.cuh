@@ -127,8 +127,10 @@ struct PortableConfig {
   static constexpr int kOffRowExp = kOffKScale + kKScaleBytes;
   static constexpr int kOffRowState = kOffRowExp + kRowExpBytes;
   static constexpr int kOffRedS = kOffRowState + kRowStateBytes;
-  static constexpr int kOffBars = kOffRedS + kRedSBytes;             // kBulkRows: an mbarrier per staging buffer
-  static constexpr int kSmemBytes = kOffBars + (kBulkRows ? kStages * 8 : 0);
+  // kBulkRows: an mbarrier per staging buffer (its rows landed); with copy warps a second one (its
+  // tile consumed).
+  static constexpr int kOffBars = kOffRedS + kRedSBytes;
+  static constexpr int kSmemBytes = kOffBars + (kBulkRows ? kStages * 8 : 0) + (kCopyWarps > 0 ? kStages * 8 : 0);
   static_assert(kOffRaw % 16 == 0 && kOffP % 16 == 0 && kOffRed % 16 == 0 && kOffKScale % 16 == 0 && kOffRedS % 16 == 0);
 };
 
@@ -381,6 +383,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
   for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = !Cfg::kBulkRows || bulk_lane ? fetch_slot(tile_begin, pass) : -1;
   const uint32_t block_size32 = block_size_u32(p);
   const uint32_t bars = sm80::smem_addr(smem + Cfg::kOffBars);  // kBulkRows: staging buffer j's at bars + 8 j
+  const uint32_t empty_bars = bars + 8 * Cfg::kStages;           // kCopyWarps: buffer j's at empty_bars + 8 j
   auto load_tile = [&](int tile, uint8_t* dst, int valid_slot) {
     if constexpr (Cfg::kBulkRows) {
 #if MLA_SM90A
@@ -439,6 +442,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
   float row_scale[2] = {scale_log2, scale_log2};  // fp8_ds_mla: times 2^e of the row
   const int r0 = row_group * 16 + lane / 4;
   const int bar_id = 1 + row_group;                // warps sharing rows sync on their own barrier
+  constexpr int kComputeBar = 5;                   // (copy warps: all compute warps; 1-4 are bar_id's)
   constexpr int kBarThreads = 32 * Cfg::kColGroups;
   float* s_corr = reinterpret_cast<float*>(smem + Cfg::kOffRowState);  // [kM] O rescale of this tile
   float* s_mfin = s_corr + kM;                                         // [kM] final row max
@@ -844,12 +848,18 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     pv(s_kt);
   };
 
+  // A barrier of all compute warps: __syncthreads, or with copy warps (which never join one) a named
+  // barrier of the kThreads compute threads.
+  auto cta_sync = [&]() {
+    if constexpr (Cfg::kCopyWarps > 0) sm80::named_barrier(kComputeBar, Cfg::kThreads);
+    else __syncthreads();
+  };
   // fp8_ds_mla, once this thread's Q chunks have landed: q' in place (all threads), the rows'
   // softmax scales times 2^e_r, the Q fragments of 16-head tiles.
   auto start_q_fp16 = [&]() {
-    __syncthreads();  // everyone's Q chunks
+    cta_sync();  // everyone's Q chunks
     prepare_q_fp16();
-    __syncthreads();
+    cta_sync();
     row_scale[0] = ldexpf(scale_log2, s_row_exp[r0]);
     row_scale[1] = ldexpf(scale_log2, s_row_exp[r0 + 8]);
     load_q_frags();
@@ -888,6 +898,8 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     // factors). Three barriers per tile: the top one (tile t + 1 landed; P(t) and s_corr written;
     // everyone done with tile t - 1, whose buffer takes tile t + kStages - 1), the partial-score
     // one and the row-max one (in softmax_p). kStages - 2 tiles are in flight during compute.
+    // With copy warps the top barrier is the compute warps' own, after which thread 0 releases the
+    // buffer of tile t - 1 to the copy warps through its second mbarrier.
     constexpr int kS = Cfg::kStages;
     static_assert(kS >= 3, "the pipelined loop keeps tiles t and t + 1 resident");
     // Tile t has landed: its cp.async group (this thread's copies; the barrier after the wait
@@ -903,9 +915,12 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
 #if MLA_SM90A
       if (tid == 0) {
         for (int j = 0; j < kS; ++j) sm90::mbar_init(bars + 8 * j, kN);
+        if constexpr (Cfg::kCopyWarps > 0) {
+          for (int j = 0; j < kS; ++j) sm90::mbar_init(empty_bars + 8 * j, 1);
+        }
         sm90::mbar_init_fence();
       }
-      __syncthreads();
+      __syncthreads();  // (the only barrier the copy warps join)
 #else
       __trap();  // bulk row copies are launched on sm90 only
 #endif
@@ -919,20 +934,15 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     }
     auto stage = [&](int t) { return s_raw + (t % kS) * Cfg::kRawTileBytes; };
     if (copy_warp) {
-      // Copy warps: after each loop-top barrier (the buffer of tile t - 1 is free) the rows of tile
-      // t + kS - 1. They join every CTA-wide barrier of the compute warps, in order: the two of
-      // start_q_fp16 and the prologue's (when there are tiles), one per tile, the epilogue's.
-      if (num_tiles > 0) {
-        __syncthreads();
-        __syncthreads();
-        __syncthreads();
+#if MLA_SM90A
+      // Copy warps: tile `next` goes into the buffer of tile next - kS once the compute warps have
+      // released that one (thread 0 arrives on its second mbarrier after the loop-top barrier).
+      for (int next = kS - 1; next < num_tiles; ++next) {
+        const int prev = next - kS;
+        if (prev >= 0) sm90::mbar_wait(empty_bars + 8 * (prev % kS), (prev / kS) & 1);
+        load_tile(tile_begin + next, stage(next), next % kS);
       }
-      for (int t = 0; t < num_tiles; ++t) {
-        __syncthreads();
-        const int next = t + kS - 1;
-        if (next < num_tiles) load_tile(tile_begin + next, stage(next), next % kS);
-      }
-      __syncthreads();
+#endif
       return;
     }
     // QK^T of tile t's partial sums, their barrier, the softmax: P(t) and s_corr for tile t.
@@ -948,16 +958,22 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
       start_q_fp16();
       sm80::cp_async_wait<kS - 2>();  // tile 0
       wait_tile(0);
-      __syncthreads();
+      cta_sync();
       qk_partial(stage(0));
       softmax_after_qk(0);
     }
     for (int t = 0; t < num_tiles; ++t) {
       sm80::cp_async_wait<kS - 3>();  // tile t + 1 (loads were issued up to t + kS - 2)
       if (t + 1 < num_tiles) wait_tile(t + 1);
-      __syncthreads();
+      cta_sync();
       const int next = t + kS - 1;
-      if (next < num_tiles) load_tile(tile_begin + next, stage(next), next % kS);
+      if constexpr (Cfg::kCopyWarps > 0) {
+#if MLA_SM90A
+        if (tid == 0 && t > 0) sm90::mbar_arrive(empty_bars + 8 * ((t - 1) % kS));  // tile t - 1 consumed
+#endif
+      } else if (next < num_tiles) {
+        load_tile(tile_begin + next, stage(next), next % kS);
+      }
       sm80::cp_async_commit();
       rescale_o(v_rescale);
       // One basic block, so that the scheduler interleaves the two MMA chains. QK^T runs past the
@@ -1009,7 +1025,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     s_red[col_group * kM + r0 + 8] = l_run[1];
     if (col_group == 0) s_mfin[r0] = m_run[0], s_mfin[r0 + 8] = m_run[1];
   }
-  __syncthreads();
+  cta_sync();
   const int out_col0 = col0 + 2 * (lane % 4);
 #pragma unroll
   for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
