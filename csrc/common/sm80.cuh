@@ -80,6 +80,11 @@ __device__ __forceinline__ float fast_exp2(float x) {
 __device__ __forceinline__ void named_barrier(int id, int num_threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(num_threads) : "memory");
 }
+// Arrive on named barrier `id` without waiting (producer/consumer hand-offs: the waiting side
+// calls named_barrier with the same thread count).
+__device__ __forceinline__ void named_barrier_arrive(int id, int num_threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(num_threads) : "memory");
+}
 
 // Two floats -> a packed pair of T (low half = first).
 template <typename T>

@@ -76,7 +76,7 @@ struct PortableConfig {
   // lanes, ~90 cycles per row on the H200), so in the compute warps the 8 copies held back each
   // tile's MMAs by ~700 cycles; 4 copy warps take them off that path (csrc/sparse/README.md).
   static constexpr int kCopyWarps = kCopyWarps_;
-  static_assert(kCopyWarps == 0 || (kBulkRows && kN % kCopyWarps == 0 && kN / kCopyWarps <= 32));
+  static_assert(kCopyWarps == 0 || (kBulkRows && kN % (kCopyWarps + (kCopyWarps == 0)) == 0 && kN <= 32 * kCopyWarps));
   static constexpr int kLaunchThreads = kThreads + 32 * kCopyWarps;
   // PV: every warp takes all kM rows and 64 output columns (warp w: 64 w .. + 63), so each V
   // fragment is read once per CTA and reused for the kM / 16 m-tiles (O: 2 kM fp32 per thread).
@@ -127,10 +127,8 @@ struct PortableConfig {
   static constexpr int kOffRowExp = kOffKScale + kKScaleBytes;
   static constexpr int kOffRowState = kOffRowExp + kRowExpBytes;
   static constexpr int kOffRedS = kOffRowState + kRowStateBytes;
-  // kBulkRows: an mbarrier per staging buffer (its rows landed); with copy warps a second one (its
-  // tile consumed).
-  static constexpr int kOffBars = kOffRedS + kRedSBytes;
-  static constexpr int kSmemBytes = kOffBars + (kBulkRows ? kStages * 8 : 0) + (kCopyWarps > 0 ? kStages * 8 : 0);
+  static constexpr int kOffBars = kOffRedS + kRedSBytes;             // kBulkRows: an mbarrier per staging buffer
+  static constexpr int kSmemBytes = kOffBars + (kBulkRows ? kStages * 8 : 0);
   static_assert(kOffRaw % 16 == 0 && kOffP % 16 == 0 && kOffRed % 16 == 0 && kOffKScale % 16 == 0 && kOffRedS % 16 == 0);
 };
 
@@ -218,6 +216,18 @@ __device__ __forceinline__ void bulk_ds_mla_row(const SparseDecodeParams& p, con
     for (int c = 0; c < kDsMlaRowBytes / 16; ++c) reinterpret_cast<uint4*>(dst_row)[c] = make_uint4(0u, 0u, 0u, 0u);
     sm90::mbar_arrive(bar);
   }
+}
+
+// A row of zeros in global memory: the copy warps fill invalid rows from it with the same bulk copy,
+// so that every write into their staging buffers goes through the async proxy and is ordered by the
+// buffer's mbarrier alone.
+static __device__ __align__(128) const uint8_t kZeroDsMlaRow[kDsMlaRowBytes] = {};
+
+// sm90 copy warps: row `slot` (or, invalid, the zero row) into dst_row by one cp.async.bulk on `bar`.
+__device__ __forceinline__ void bulk_ds_mla_row_async(const SparseDecodeParams& p, const uint8_t* cache, int32_t slot, bool ok,
+                                                      uint32_t block_size32, uint8_t* dst_row, uint32_t bar) {
+  sm90::mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
+  sm90::bulk_load(sm80::smem_addr(dst_row), ok ? slot_row(p, cache, slot, true, block_size32) : kZeroDsMlaRow, kDsMlaRowBytes, bar);
 }
 
 // fp8_ds_mla: thread `part` of a row's kRowT threads copies 16-byte chunks part, part + kRowT, ...
@@ -383,18 +393,22 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
   for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = !Cfg::kBulkRows || bulk_lane ? fetch_slot(tile_begin, pass) : -1;
   const uint32_t block_size32 = block_size_u32(p);
   const uint32_t bars = sm80::smem_addr(smem + Cfg::kOffBars);  // kBulkRows: staging buffer j's at bars + 8 j
-  const uint32_t empty_bars = bars + 8 * Cfg::kStages;           // kCopyWarps: buffer j's at empty_bars + 8 j
   auto load_tile = [&](int tile, uint8_t* dst, int valid_slot) {
     if constexpr (Cfg::kBulkRows) {
 #if MLA_SM90A
       // valid_slot is the staging buffer's index (the e4m3-fragment loop), hence its mbarrier; the
       // phase completes with the 64th arrival and the last byte. The fence: the row's bytes were
       // last written by this lane's zero-fill or read by every warp before the loop-top barrier.
+      // Copy warps: no generic writes at all (the compute warps write the row flags themselves).
       if (bulk_lane) {
         const int32_t slot = next_slot[0];
         const bool ok = slot >= 0 && slot < p.num_slots;
-        s_valid[valid_slot * kN + load_row] = ok;
-        bulk_ds_mla_row(p, cache, slot, ok, block_size32, dst + load_row * kDsMlaRowBytes, bars + 8 * valid_slot, true);
+        if constexpr (Cfg::kCopyWarps > 0) {
+          bulk_ds_mla_row_async(p, cache, slot, ok, block_size32, dst + load_row * kDsMlaRowBytes, bars + 8 * valid_slot);
+        } else {
+          s_valid[valid_slot * kN + load_row] = ok;
+          bulk_ds_mla_row(p, cache, slot, ok, block_size32, dst + load_row * kDsMlaRowBytes, bars + 8 * valid_slot, true);
+        }
         next_slot[0] = fetch_slot(tile + 1, 0);
       }
 #endif
@@ -442,7 +456,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
   float row_scale[2] = {scale_log2, scale_log2};  // fp8_ds_mla: times 2^e of the row
   const int r0 = row_group * 16 + lane / 4;
   const int bar_id = 1 + row_group;                // warps sharing rows sync on their own barrier
-  constexpr int kComputeBar = 5;                   // (copy warps: all compute warps; 1-4 are bar_id's)
+  constexpr int kComputeBar = 5;                   // (copy warps: all compute warps; 1-4 are bar_id's, 6-7 below)
   constexpr int kBarThreads = 32 * Cfg::kColGroups;
   float* s_corr = reinterpret_cast<float*>(smem + Cfg::kOffRowState);  // [kM] O rescale of this tile
   float* s_mfin = s_corr + kM;                                         // [kM] final row max
@@ -915,9 +929,6 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
 #if MLA_SM90A
       if (tid == 0) {
         for (int j = 0; j < kS; ++j) sm90::mbar_init(bars + 8 * j, kN);
-        if constexpr (Cfg::kCopyWarps > 0) {
-          for (int j = 0; j < kS; ++j) sm90::mbar_init(empty_bars + 8 * j, 1);
-        }
         sm90::mbar_init_fence();
       }
       __syncthreads();  // (the only barrier the copy warps join)
@@ -933,18 +944,30 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
       sm80::cp_async_commit();
     }
     auto stage = [&](int t) { return s_raw + (t % kS) * Cfg::kRawTileBytes; };
+    // Copy warps: tile `next` goes into the buffer of tile next - kS once the compute warps have
+    // released that one: after the loop-top barrier of iteration next - kS + 1 they arrive on named
+    // barrier kFreeBar + (next - kS) % 2 and the copy warps wait on it (two barriers in turn: the
+    // compute warps can run at most one release ahead of the copy warps' waits, since the release
+    // after that needs a tile issued after the wait).
+    constexpr int kFreeBar = 6;  // and 7
+    static_assert(Cfg::kCopyWarps == 0 || kS <= 4, "the release two tiles later needs tile t + 4 issued after the wait");
     if (copy_warp) {
-#if MLA_SM90A
-      // Copy warps: tile `next` goes into the buffer of tile next - kS once the compute warps have
-      // released that one (thread 0 arrives on its second mbarrier after the loop-top barrier).
       for (int next = kS - 1; next < num_tiles; ++next) {
         const int prev = next - kS;
-        if (prev >= 0) sm90::mbar_wait(empty_bars + 8 * (prev % kS), (prev / kS) & 1);
+        if (prev >= 0) sm80::named_barrier(kFreeBar + prev % 2, Cfg::kLaunchThreads);
         load_tile(tile_begin + next, stage(next), next % kS);
       }
-#endif
       return;
     }
+    // Copy warps: the compute warps write the row flags of each tile (thread k < kN: key k), from
+    // slots they read a tile ahead, before the barrier that precedes that tile's softmax.
+    int32_t flag_slot = Cfg::kCopyWarps > 0 && tid < kN ? fetch_slot_ahead(work.idx_row, tile_begin * kN + tid, num_keys) : -1;
+    auto write_flags = [&](int t) {
+      if (Cfg::kCopyWarps > 0 && tid < kN) {
+        s_valid[(t % kS) * kN + tid] = flag_slot >= 0 && flag_slot < p.num_slots;
+        flag_slot = fetch_slot_ahead(work.idx_row, (tile_begin + t + 1) * kN + tid, num_keys);
+      }
+    };
     // QK^T of tile t's partial sums, their barrier, the softmax: P(t) and s_corr for tile t.
     float v_rescale = 1.f;
     auto softmax_after_qk = [&](int t) {
@@ -958,6 +981,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
       start_q_fp16();
       sm80::cp_async_wait<kS - 2>();  // tile 0
       wait_tile(0);
+      write_flags(0);
       cta_sync();
       qk_partial(stage(0));
       softmax_after_qk(0);
@@ -968,9 +992,10 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
       cta_sync();
       const int next = t + kS - 1;
       if constexpr (Cfg::kCopyWarps > 0) {
-#if MLA_SM90A
-        if (tid == 0 && t > 0) sm90::mbar_arrive(empty_bars + 8 * ((t - 1) % kS));  // tile t - 1 consumed
-#endif
+        // Tile t - 1 consumed: its buffer takes tile `next`; the flags of tile t + 1 (softmax below,
+        // after the partial-sum barrier).
+        if (t > 0 && next < num_tiles) sm80::named_barrier_arrive(kFreeBar + (t - 1) % 2, Cfg::kLaunchThreads);
+        if (t + 1 < num_tiles) write_flags(t + 1);
       } else if (next < num_tiles) {
         load_tile(tile_begin + next, stage(next), next % kS);
       }
