@@ -38,7 +38,7 @@ def main() -> int:
     if args.json:
         notes = ("Portable kernels (mma.sync m16n8k16, cp.async row gather), except fp8_ds_mla on sm90: 64-head "
                  "tiles (h_q > 32) on the wgmma kernel, 16-head tiles (h_q <= 16) with rows gathered by "
-                 "cp.async.bulk (csrc/sparse/sm90). Bars (issue 5): >= 200 TFLOPS on "
+                 "cp.async.bulk from 4 copy warps (csrc/sparse/sm90). Bars (issue 5): >= 200 TFLOPS on "
                  "fp8_ds_mla b128 s_q2 h_q128; h_q16 / h_q64 time <= 0.5 on the same indices. FlashMLA peer not run.")
         paths = write_results("sparse", rows, roofline, args.json, notes=notes)
         print("wrote", *paths)
