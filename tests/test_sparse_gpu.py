@@ -245,6 +245,20 @@ def test_small_fp8_16_head_paths(path, h_q, splits, monkeypatch):
     _check(q, cache, idx, "fp8_ds_mla", tl, torch.randn(h_q, device="cuda"))
 
 
+@pytest.mark.parametrize("path", ["default", "copy0"])
+def test_small_fp8_16_head_paths_long_list(path, monkeypatch):
+    """One CTA per query token over 11-13 tiles (topk 801, no split): every staging buffer is
+    refilled at least twice, so on sm90 both of the copy warps' release barriers and both mbarrier
+    parities are used more than once (the small cases above have at most 6 tiles per CTA); small
+    enough for compute-sanitizer."""
+    if path == "copy0":
+        monkeypatch.setenv("MLA_EXT_SPARSE_COPY_WARPS", "0")
+    monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", "1")
+    q, cache, idx, _ = _case(2, 1, 16, 801, 61, "fp8_ds_mla", pad_pages=True)
+    tl = torch.tensor([801, 700], dtype=torch.int32, device="cuda")
+    _check(q, cache, idx, "fp8_ds_mla", tl, torch.randn(16, device="cuda"))
+
+
 def _sparse_kernels_run(fn):
     """Names of the sparse-decode kernels one call of fn launches (torch profiler)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -273,6 +287,8 @@ def test_sm90_copy_warps_env_selects_kernel(monkeypatch):
     names); any other value is refused with a message."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the copy warps are the sm90 16-head kernel's")
+    for var in ("MLA_EXT_SPARSE_COPY_WARPS", "MLA_EXT_SPARSE_SM90", "MLA_EXT_FORCE_PORTABLE", "MLA_EXT_SPARSE_FP8_DEQUANT"):
+        monkeypatch.delenv(var, raising=False)
     q, cache, idx, _ = _case(2, 1, 16, 200, 64, "fp8_ds_mla")
     call = lambda: mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, "fp8_ds_mla")  # noqa: E731
     four = _sparse_kernels_run(call)
@@ -319,13 +335,17 @@ def test_small_fp8_64_head_paths(path, h_q, b, splits, monkeypatch):
 
 
 @pytest.mark.parametrize("path", ["default", "cpasync", "portable"])
-@pytest.mark.parametrize("h_q", [16, 64, 128])
+@pytest.mark.parametrize("h_q", [16, "16-copy0", 64, 128])
 def test_fp8_rising_scores(path, h_q, monkeypatch):
     """Scores that rise along the top-k list (rows c_k u + noise, q ~ u, indices in order), by ~2
     (log2 units) per 64-key tile and once by ~28: the running maximum moves on every tile (O is
     rescaled every tile), and the tile scales grow with c_k (the scale reference R moves too).
-    h_q 16 runs the 16-head kernels (sm90 default: bulk copies from copy warps)."""
+    h_q 16 runs the 16-head kernels (sm90 default: bulk copies from copy warps; "16-copy0": from the
+    compute warps)."""
     _select_64_head_path(path, monkeypatch)
+    if h_q == "16-copy0":
+        monkeypatch.setenv("MLA_EXT_SPARSE_COPY_WARPS", "0")
+        h_q = 16
     monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", "1")
     topk, bs = 2048, 64
     u = torch.randn(576, device="cuda")

@@ -163,7 +163,9 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
   const bool sm90_fp8 = hopper && tile == 64 && p.format == CacheFormat::kFp8DsMla &&
                         sparse::sm90_fp8_m64_smem_bytes() <= info.max_smem_per_block;
   // sm90, fp8_ds_mla 16-head tiles: the portable e4m3-fragment kernel with one bulk copy per row.
-  using BulkM16 = sparse::PortableConfig<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 4>;  // (either issuer: same size)
+  using BulkM16 = sparse::PortableConfig<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 4>;
+  static_assert(BulkM16::kSmemBytes == sparse::PortableConfig<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 0>::kSmemBytes,
+                "both issuers of the bulk copies need the same shared memory");
   const bool sm90_fp8_m16 = hopper && tile == 16 && p.format == CacheFormat::kFp8DsMla && sparse::sm90_bulk_rows() &&
                             sparse::fp8_fragments_allowed(info.max_smem_per_block) &&
                             BulkM16::kSmemBytes <= info.max_smem_per_block;

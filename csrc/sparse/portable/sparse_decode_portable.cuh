@@ -1,7 +1,8 @@
 // Sparse top-k MLA decode, portable path (mma.sync + cp.async; sm80 .. sm100).
 //
 // One CTA = one query token (b, s), one tile of kM heads, one split of the top-k list.
-// grid = (ceil(h_q / kM), num_splits, b * s_q); 256 threads = 8 warps.
+// grid = (ceil(h_q / kM), num_splits, b * s_q); 256 threads = 8 warps (+ 4 copy warps in the sm90
+// 16-head kernel: PortableConfig::kCopyWarps).
 // See csrc/sparse/README.md for the warp roles and the bytes each tile reads.
 #pragma once
 
@@ -64,8 +65,8 @@ struct PortableConfig {
   static constexpr bool kE4m3Frags = kE4m3Frags_;
   static_assert(!kE4m3Frags || (kDsMla && kM == 16), "e4m3 fragments: fp8_ds_mla with 16-head tiles");
   // Hopper (sm_90a code only; the sparse decode's sm90 path): the e4m3-fragment kernel gathers each
-  // 656-byte row with one cp.async.bulk (lanes 0-7 of every warp issue one row each; an mbarrier
-  // per staging buffer counts the 64 rows and their bytes) instead of 41 16-byte cp.async spread
+  // 656-byte row with one cp.async.bulk (issued by the copy warps below, or by lanes 0-7 of every
+  // warp; an mbarrier per staging buffer counts the 64 rows and their bytes) instead of 41 16-byte cp.async spread
   // over kRowThreads threads: the rows' copies leave the load/store queue that the fragment loads
   // wait in, and a row that straddles cache lines costs the TMA engine no extra instructions.
   static constexpr bool kBulkRows = kBulkRows_;
@@ -76,7 +77,9 @@ struct PortableConfig {
   // lanes, ~90 cycles per row on the H200), so in the compute warps the 8 copies held back each
   // tile's MMAs by ~700 cycles; 4 copy warps take them off that path (csrc/sparse/README.md).
   static constexpr int kCopyWarps = kCopyWarps_;
-  static_assert(kCopyWarps == 0 || (kBulkRows && kN % (kCopyWarps + (kCopyWarps == 0)) == 0 && kN <= 32 * kCopyWarps));
+  // (kCopyWarps + (kCopyWarps == 0): no modulo by zero when the assert's first term already holds.)
+  static_assert(kCopyWarps == 0 || (kBulkRows && kN % (kCopyWarps + (kCopyWarps == 0)) == 0 && kN <= 32 * kCopyWarps),
+                "copy warps: bulk rows, the tile's rows spread evenly, at most one row per lane");
   static constexpr int kLaunchThreads = kThreads + 32 * kCopyWarps;
   // PV: every warp takes all kM rows and 64 output columns (warp w: 64 w .. + 63), so each V
   // fragment is read once per CTA and reused for the kM / 16 m-tiles (O: 2 kM fp32 per thread).
@@ -224,7 +227,7 @@ __device__ __forceinline__ void bulk_ds_mla_row(const SparseDecodeParams& p, con
 static __device__ __align__(128) const uint8_t kZeroDsMlaRow[kDsMlaRowBytes] = {};
 
 // sm90 copy warps: row `slot` (or, invalid, the zero row) into dst_row by one cp.async.bulk on `bar`.
-__device__ __forceinline__ void bulk_ds_mla_row_async(const SparseDecodeParams& p, const uint8_t* cache, int32_t slot, bool ok,
+__device__ __forceinline__ void bulk_ds_mla_row_or_zero_row(const SparseDecodeParams& p, const uint8_t* cache, int32_t slot, bool ok,
                                                       uint32_t block_size32, uint8_t* dst_row, uint32_t bar) {
   sm90::mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
   sm90::bulk_load(sm80::smem_addr(dst_row), ok ? slot_row(p, cache, slot, true, block_size32) : kZeroDsMlaRow, kDsMlaRowBytes, bar);
@@ -361,7 +364,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
   const int num_keys = work.num_keys, tile_begin = work.tile_begin, num_tiles = work.num_tiles;
   const uint8_t* cache = static_cast<const uint8_t*>(p.kv_cache);
 
-  // ---- loaders (all 256 threads) --------------------------------------------------------
+  // ---- loaders (all compute threads; with copy warps the row copies are theirs) ------------
   // Q tile: kM heads x 72 chunks; heads past h_q are zero-filled, never read.
   auto load_q = [&]() {
     load_q_tile<kM, Cfg::kThreads>(p, b, s, h0, tid, s_q, [](int r, int c) { return swz<Cfg::kChunks>(r, c); });
@@ -404,7 +407,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
         const int32_t slot = next_slot[0];
         const bool ok = slot >= 0 && slot < p.num_slots;
         if constexpr (Cfg::kCopyWarps > 0) {
-          bulk_ds_mla_row_async(p, cache, slot, ok, block_size32, dst + load_row * kDsMlaRowBytes, bars + 8 * valid_slot);
+          bulk_ds_mla_row_or_zero_row(p, cache, slot, ok, block_size32, dst + load_row * kDsMlaRowBytes, bars + 8 * valid_slot);
         } else {
           s_valid[valid_slot * kN + load_row] = ok;
           bulk_ds_mla_row(p, cache, slot, ok, block_size32, dst + load_row * kDsMlaRowBytes, bars + 8 * valid_slot, true);
@@ -912,8 +915,8 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     // factors). Three barriers per tile: the top one (tile t + 1 landed; P(t) and s_corr written;
     // everyone done with tile t - 1, whose buffer takes tile t + kStages - 1), the partial-score
     // one and the row-max one (in softmax_p). kStages - 2 tiles are in flight during compute.
-    // With copy warps the top barrier is the compute warps' own, after which thread 0 releases the
-    // buffer of tile t - 1 to the copy warps through its second mbarrier.
+    // With copy warps the top barrier is the compute warps' own, after which they release the buffer
+    // of tile t - 1 to the copy warps (bar.arrive on named barrier 6 or 7, see below).
     constexpr int kS = Cfg::kStages;
     static_assert(kS >= 3, "the pipelined loop keeps tiles t and t + 1 resident");
     // Tile t has landed: its cp.async group (this thread's copies; the barrier after the wait
@@ -931,7 +934,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
         for (int j = 0; j < kS; ++j) sm90::mbar_init(bars + 8 * j, kN);
         sm90::mbar_init_fence();
       }
-      __syncthreads();  // (the only barrier the copy warps join)
+      __syncthreads();  // (the only CTA-wide barrier the copy warps join)
 #else
       __trap();  // bulk row copies are launched on sm90 only
 #endif
