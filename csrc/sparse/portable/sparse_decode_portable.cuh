@@ -66,9 +66,10 @@ struct PortableConfig {
   static_assert(!kE4m3Frags || (kDsMla && kM == 16), "e4m3 fragments: fp8_ds_mla with 16-head tiles");
   // Hopper (sm_90a code only; the sparse decode's sm90 path): the e4m3-fragment kernel gathers each
   // 656-byte row with one cp.async.bulk (issued by the copy warps below, or by lanes 0-7 of every
-  // warp; an mbarrier per staging buffer counts the 64 rows and their bytes) instead of 41 16-byte cp.async spread
-  // over kRowThreads threads: the rows' copies leave the load/store queue that the fragment loads
-  // wait in, and a row that straddles cache lines costs the TMA engine no extra instructions.
+  // warp; an mbarrier per staging buffer counts the 64 rows and their bytes) instead of 41 16-byte
+  // cp.async spread over kRowThreads threads: the rows' copies leave the load/store queue that the
+  // fragment loads wait in, and a row that straddles cache lines costs the TMA engine no extra
+  // instructions.
   static constexpr bool kBulkRows = kBulkRows_;
   static_assert(!kBulkRows || kE4m3Frags, "bulk row copies: the e4m3-fragment kernel");
   // Who issues the bulk copies: kCopyWarps extra warps after the compute warps (kN / kCopyWarps
@@ -227,8 +228,8 @@ __device__ __forceinline__ void bulk_ds_mla_row(const SparseDecodeParams& p, con
 static __device__ __align__(128) const uint8_t kZeroDsMlaRow[kDsMlaRowBytes] = {};
 
 // sm90 copy warps: row `slot` (or, invalid, the zero row) into dst_row by one cp.async.bulk on `bar`.
-__device__ __forceinline__ void bulk_ds_mla_row_or_zero_row(const SparseDecodeParams& p, const uint8_t* cache, int32_t slot, bool ok,
-                                                      uint32_t block_size32, uint8_t* dst_row, uint32_t bar) {
+__device__ __forceinline__ void bulk_ds_mla_row_or_zero_row(const SparseDecodeParams& p, const uint8_t* cache, int32_t slot,
+                                                            bool ok, uint32_t block_size32, uint8_t* dst_row, uint32_t bar) {
   sm90::mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
   sm90::bulk_load(sm80::smem_addr(dst_row), ok ? slot_row(p, cache, slot, true, block_size32) : kZeroDsMlaRow, kDsMlaRowBytes, bar);
 }
