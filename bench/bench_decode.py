@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from mla_ext.bench import decode  # noqa: E402
+from mla_ext.bench import decode, flashmla_peer  # noqa: E402
 from mla_ext.bench.harness import Timer, format_table, measure_roofline, write_results  # noqa: E402
 
 
@@ -35,6 +35,7 @@ def main() -> int:
         return 1
     if args.check:
         print(decode.self_check("cuda"))
+    print(f"peer: {flashmla_peer.status()}")
     timer = Timer(iters=args.iters)
     roofline = measure_roofline(timer)
     print(f"roofline: copy {roofline.copy_GBps:.0f} GB/s, bf16 matmul {roofline.bf16_mm_TFLOPS:.0f} TFLOPS")

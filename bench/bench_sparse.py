@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from mla_ext.bench import sparse  # noqa: E402
+from mla_ext.bench import flashmla_peer, sparse  # noqa: E402
 from mla_ext.bench.harness import Timer, format_table, measure_roofline, write_results  # noqa: E402
 
 
@@ -27,6 +27,7 @@ def main() -> int:
         print("no CUDA GPU: nothing to time")
         return 1
     print(f"self check: {sparse.self_check('cuda')}")
+    print(f"peer: {flashmla_peer.status()}")
     timer = Timer()
     roofline = measure_roofline(timer)
     print(f"roofline: copy {roofline.copy_GBps:.0f} GB/s, bf16 matmul {roofline.bf16_mm_TFLOPS:.0f} TFLOPS")
@@ -35,11 +36,15 @@ def main() -> int:
     for r in rows:
         if "h16_over_h64" in r.extra:
             print(f"{r.extra['format']}: h_q 16 / h_q 64 time on the same indices = {r.extra['h16_over_h64']}")
+        if "flashmla_us_over_mla_ext" in r.extra:
+            print(f"{r.case}: mla_ext {r.extra['flashmla_us_over_mla_ext']}x as fast as FlashMLA")
     if args.json:
         notes = ("Portable kernels (mma.sync m16n8k16, cp.async row gather), except fp8_ds_mla on sm90: 64-head "
                  "tiles (h_q > 32) on the wgmma kernel, 16-head tiles (h_q <= 16) with rows gathered by "
                  "cp.async.bulk from 4 copy warps (csrc/sparse/sm90). Bars (issue 5): >= 200 TFLOPS on "
-                 "fp8_ds_mla b128 s_q2 h_q128; h_q16 / h_q64 time <= 0.5 on the same indices. FlashMLA peer not run.")
+                 "fp8_ds_mla b128 s_q2 h_q128; h_q16 / h_q64 time <= 0.5 on the same indices. Peer: "
+                 + (flashmla_peer.status() if not flashmla_peer.available() else
+                    "FlashMLA (the vllm 0.33.0 build), same run and inputs, q padded to 64 heads for h_q 16 (rows 'FlashMLA peer')."))
         paths = write_results("sparse", rows, roofline, args.json, notes=notes)
         print("wrote", *paths)
     return 0

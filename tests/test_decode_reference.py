@@ -219,3 +219,19 @@ def test_expanded_out_buffers_are_refused():
     lse = torch.empty(1, 1, 1).expand(2, 4, 1)
     with pytest.raises(mla_ext.MlaInputError, match="lse must not have zero strides"):
         run_op(inp, True, lse=lse)
+
+
+def test_flashmla_peer_absent_is_reported(monkeypatch, tmp_path):
+    """The benchmarks' FlashMLA peer (mla_ext/bench/flashmla_peer.py) is optional: a missing or
+    unloadable library gives a status line that says why, and no peer rows."""
+    from mla_ext.bench import flashmla_peer
+
+    monkeypatch.setattr(flashmla_peer, "_state", {})
+    monkeypatch.setenv("MLA_EXT_FLASHMLA_SO", str(tmp_path / "missing.so"))
+    assert flashmla_peer.status().startswith("FlashMLA peer not run:") and "not found" in flashmla_peer.status()
+    assert not flashmla_peer.available()
+    bad = tmp_path / "bad.so"
+    bad.write_bytes(b"not a library")
+    monkeypatch.setattr(flashmla_peer, "_state", {})
+    monkeypatch.setenv("MLA_EXT_FLASHMLA_SO", str(bad))
+    assert "did not load" in flashmla_peer.status() and not flashmla_peer.available()

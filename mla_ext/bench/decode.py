@@ -7,6 +7,7 @@ import torch
 from .. import reference
 from ..decode import decode_mla, get_decode_plan
 from ..formats import canonical_format, empty_kv_cache, row_width
+from . import flashmla_peer
 from .harness import Roofline, Row, Timer
 
 NAME = "decode_mla"
@@ -122,6 +123,23 @@ def graphed(fn):
     return graph.replay
 
 
+def _flashmla_row(timer: Timer, inp: dict, plan, name: str) -> Row | None:
+    """FlashMLA's dense decode on the same bf16 case (bytes and FLOPs are the caller's), graphed like
+    mla_ext's, or None when the peer is absent or disagrees with mla_ext (then printed). FlashMLA
+    reads the last page's unused rows as they are (mla_ext's inputs hold NaN there), so the peer
+    runs after mla_ext's timing on the same cache with those rows zeroed."""
+    if not flashmla_peer.available():
+        return None
+    torch.nan_to_num_(inp["kv_cache"], nan=0.0)
+    run = flashmla_peer.dense_decode(inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"], inp["softmax_scale"], True)
+    if not flashmla_peer.agrees(run()[0], run_op(inp, True, plan=plan)[0]):
+        print(f"FlashMLA peer: {name}: output disagrees with mla_ext's, not timed")
+        return None
+    replay = graphed(run)
+    us = timer.time_us(replay, f"flashmla.{name.replace(' ', '_')}")
+    return Row(f"FlashMLA peer: {name}", us, extra={"peer": "FlashMLA (vllm 0.33.0 build)"})
+
+
 def bench(timer: Timer, roofline: Roofline, quick: bool = False, only: str | None = None) -> list[Row]:
     """Each case: the plan computed once (as an engine does per step), then one decode call
     (split kernel + combine) captured in a CUDA graph and its replay timed. The plan is timed
@@ -147,7 +165,14 @@ def bench(timer: Timer, roofline: Roofline, quick: bool = False, only: str | Non
             keys = sum(lens)
             nbytes = keys * row_width(fmt) * inp["kv_cache"].element_size() + inp["q"].numel() * 2 * (1 + 512 / 576)
             flops = 2 * h_q * s_q * keys * (576 + 512)
-            rows.append(Row(name, us, bytes=nbytes, flops=flops, roofline=roofline))
+            row = Row(name, us, bytes=nbytes, flops=flops, roofline=roofline)
+            rows.append(row)
+            if fmt == "auto" and bs == 64:
+                peer = _flashmla_row(timer, inp, plan, name)
+                if peer is not None:
+                    peer.bytes, peer.flops, peer.roofline = nbytes, flops, roofline
+                    row.extra["flashmla_us_over_mla_ext"] = round(peer.us / us, 3)
+                    rows.append(peer)
         if idx == 0 and only is None:
             plan_us = timer.time_us(graphed(lambda: get_decode_plan(inp["seq_lens"], s_q, h_q, fmt)), f"{NAME}.plan.b{b}")
             rows.append(Row(f"plan only b={b}", plan_us))
@@ -161,6 +186,11 @@ def bandwidth_summary(rows: list[Row]) -> str:
     for r in rows:
         if "memory-bound" in r.case or "single long" in r.case:
             lines.append(f"{r.case}: {r.roofline_frac:.0%} of copy bandwidth")
+    for r in rows:
+        if "flashmla_us_over_mla_ext" in r.extra:
+            lines.append(f"mla_ext vs FlashMLA (same run), {r.case}: {r.extra['flashmla_us_over_mla_ext']:.2f}x as fast")
+    if not any("flashmla_us_over_mla_ext" in r.extra for r in rows):
+        lines.append(flashmla_peer.status())
     for r in rows:
         if r.case.startswith("fp8_ds_mla") and "memory-bound" in r.case:
             twin = by.get("auto" + r.case[len("fp8_ds_mla"):])

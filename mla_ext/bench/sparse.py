@@ -6,7 +6,9 @@ request (pages of 64 in random order); b128 s_q2 h_q128 (MTP), b64 s_q1 h_q64, b
 bar: h_q 16 must take at most half the time). fp8_ds_mla and bf16 caches.
 
 FLOPs = 2 * b * s_q * h_q * topk * (576 + 512); bytes = gathered rows (once per query token) + q +
-out. FlashMLA as a peer is not run here (not shipped with the repository).
+out. FlashMLA runs as a peer on the fp8_ds_mla cases when its library is present
+(flashmla_peer.py): same cache, indices and q (padded with zero heads to 64 where h_q < 64, as an
+engine pads for it), its output checked against mla_ext's before it is timed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from .. import reference
 from ..formats import DS_MLA_ROPE_OFFSET, DS_MLA_ROW_BYTES, DS_MLA_SCALE_OFFSET, LATENT_DIM
 from ..sparse import sparse_decode_mla, sparse_indices_to_slots
+from . import flashmla_peer
 from .harness import Roofline, Row, Timer
 
 NAME = "sparse_decode_mla"
@@ -75,6 +78,23 @@ def _indices(b: int, s_q: int, table: torch.Tensor) -> torch.Tensor:
     return sparse_indices_to_slots(local, table[:b], BLOCK_SIZE)
 
 
+def _flashmla_row(timer: Timer, ours, q, cache, idx, fmt: str, label: str) -> Row | None:
+    """FlashMLA on the same case (bytes and FLOPs are the caller's, those of the h_q asked for), or
+    None when the peer is absent or its output disagrees with mla_ext's (then printed)."""
+    if not flashmla_peer.available():
+        return None
+    b, s_q, h_q, _ = q.shape
+    h_pad = 64 if h_q <= 64 else 128
+    q_peer = q if h_q == h_pad else torch.cat([q, q.new_zeros(b, s_q, h_pad - h_q, q.shape[-1])], dim=2)
+    run = flashmla_peer.sparse_decode(q_peer, cache, idx, SOFTMAX_SCALE)
+    if not flashmla_peer.agrees(run()[0][:, :, :h_q], ours()[0]):
+        print(f"FlashMLA peer: {fmt} {label}: output disagrees with mla_ext's, not timed")
+        return None
+    us = timer.time_us(run, f"flashmla.{fmt}.{label.split(' (')[0].replace(' ', '_')}")
+    padded = f" (q padded to {h_pad} heads)" if h_pad != h_q else ""
+    return Row(f"FlashMLA peer: {fmt} {label}, topk {TOPK}{padded}", us, extra={"format": fmt, "peer": "FlashMLA (vllm 0.33.0 build)"})
+
+
 def bench(timer: Timer, roofline: Roofline, quick: bool = False) -> list[Row]:
     rows = []
     for fmt in FORMATS if not quick else FORMATS[:1]:
@@ -98,7 +118,13 @@ def bench(timer: Timer, roofline: Roofline, quick: bool = False) -> list[Row]:
             extra = {"format": fmt}
             if label.startswith("b128 s_q1 h_q64"):
                 extra["h16_over_h64"] = round(times["b128 s_q1 h_q16"] / us, 3)
+            peer = _flashmla_row(timer, fn, q, cache, idx, fmt, label) if fmt == "fp8_ds_mla" else None
+            if peer is not None:
+                peer.bytes, peer.flops, peer.roofline = nbytes, flops, roofline
+                extra["flashmla_us_over_mla_ext"] = round(peer.us / us, 3)
             rows.append(Row(f"{fmt} {label}, topk {TOPK}", us, bytes=nbytes, flops=flops, roofline=roofline, extra=extra))
+            if peer is not None:
+                rows.append(peer)
         del cache, table
         torch.cuda.empty_cache()
     return rows

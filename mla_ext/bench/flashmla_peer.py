@@ -1,0 +1,88 @@
+"""FlashMLA as a benchmark peer, timed in the same run as mla_ext (DESIGN.md §5).
+
+The peer is the stable-ABI FlashMLA build that the ``vllm==0.33.0`` wheel ships,
+``vllm/_flashmla_C.abi3.so``. It is not part of this repository (``/third_party_peers/`` is
+git-ignored): get it with
+
+    pip download --no-deps vllm==0.33.0 -d /tmp/w
+    unzip -j /tmp/w/vllm-0.33.0-*.whl vllm/_flashmla_C.abi3.so -d third_party_peers/
+
+and carry it to the GPU machine with the built extension. ``MLA_EXT_FLASHMLA_SO`` names another
+path. The library registers its ops as ``torch.ops._flashmla_C``; they are called here directly
+(its Python wrapper imports vLLM). When the library is missing or does not load, ``status()`` says
+why and the benchmarks print that instead of peer rows.
+
+What it covers on sm90: dense decode of a bf16 cache with 64-token pages (any h_q), and sparse
+decode of an fp8_ds_mla cache with 64 or 128 heads (an engine pads other head counts to 64).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+_DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "third_party_peers", "_flashmla_C.abi3.so")
+_state: dict = {}
+
+
+def status() -> str:
+    """"loaded <path>", or why the peer is not available."""
+    if "status" not in _state:
+        path = os.environ.get("MLA_EXT_FLASHMLA_SO", _DEFAULT)
+        if not os.path.exists(path):
+            _state["status"] = f"FlashMLA peer not run: {path} not found (see mla_ext/bench/flashmla_peer.py)"
+        else:
+            try:
+                torch.ops.load_library(path)
+                torch.ops._flashmla_C.dense_decode_fwd  # noqa: B018 (raises if the ops are not there)
+                _state["status"] = f"loaded {path}"
+            except (OSError, RuntimeError, AttributeError) as e:
+                _state["status"] = f"FlashMLA peer not run: {path} did not load ({e})"
+    return _state["status"]
+
+
+def available() -> bool:
+    return status().startswith("loaded")
+
+
+def dense_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                 softmax_scale: float, causal: bool):
+    """FlashMLA dense decode over a bf16 cache [num_blocks, 64, 576]: returns a function that runs
+    it with the scheduler metadata of a first call (computed here once, as an engine plans once per
+    step), giving (out [b, s_q, h_q, 512], lse [b, h_q, s_q])."""
+    ops = torch.ops._flashmla_C
+    kv = kv_cache.unsqueeze(2)  # [num_blocks, page, 1 kv head, 576]
+    _, _, meta, splits = ops.dense_decode_fwd(q, kv, 512, seq_lens, block_table, softmax_scale, causal, None, None, None)
+
+    def run():
+        out, lse, _, _ = ops.dense_decode_fwd(q, kv, 512, seq_lens, block_table, softmax_scale, causal, meta, splits, None)
+        return out, lse
+
+    return run
+
+
+def sparse_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float):
+    """FlashMLA sparse decode over an fp8_ds_mla cache [num_blocks, page, 656] (uint8): returns a
+    function as dense_decode does. q's head count must be 64 or 128 (FlashMLA's sm90 kernels)."""
+    ops = torch.ops._flashmla_C
+    kv = kv_cache.view(torch.float8_e4m3fn).unsqueeze(2)  # [num_blocks, page, 1, 656]: the format is told by the row bytes
+
+    def call(meta, splits):
+        return ops.sparse_decode_fwd(q, kv, indices, None, None, meta, splits, None, None, None, 512, softmax_scale, None, False)
+
+    _, _, meta, splits = call(None, None)
+
+    def run():
+        out, lse, _, _ = call(meta, splits)
+        return out, lse
+
+    return run
+
+
+def agrees(out: torch.Tensor, ref: torch.Tensor) -> bool:
+    """The peer computed the same attention as mla_ext (so its time belongs to the same work):
+    relative Frobenius error below 2%."""
+    diff = (out.float() - ref.float()).norm()
+    return bool(torch.isfinite(out.float()).all()) and diff.item() <= 0.02 * ref.float().norm().item()
