@@ -204,30 +204,14 @@ __device__ __forceinline__ const uint8_t* slot_row(const SparseDecodeParams& p, 
   return ok ? cache + int64_t(blk) * p.stride_cache_block_bytes + int64_t(tok) * p.stride_cache_token_bytes : cache;
 }
 
-// sm90 (bulk row gathers of the 16-head e4m3-fragment kernel and the sm90 64-head kernel): the
-// 656-byte fp8_ds_mla row of `slot` into dst_row with one cp.async.bulk completing on mbarrier `bar`,
-// or, for an invalid slot, zeros (their P is 0, but 0 x NaN would not be) and an arrival without
-// bytes: each row's thread arrives once per fill. fence_first: order this thread's earlier generic
-// writes of dst_row (a zero-fill of the same buffer's previous fill) before the async-proxy copy.
-__device__ __forceinline__ void bulk_ds_mla_row(const SparseDecodeParams& p, const uint8_t* cache, int32_t slot, bool ok,
-                                                uint32_t block_size32, uint8_t* dst_row, uint32_t bar, bool fence_first) {
-  if (ok) {
-    if (fence_first) sm90::fence_proxy_async_smem();
-    sm90::mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
-    sm90::bulk_load(sm80::smem_addr(dst_row), slot_row(p, cache, slot, true, block_size32), kDsMlaRowBytes, bar);
-  } else {
-#pragma unroll 1
-    for (int c = 0; c < kDsMlaRowBytes / 16; ++c) reinterpret_cast<uint4*>(dst_row)[c] = make_uint4(0u, 0u, 0u, 0u);
-    sm90::mbar_arrive(bar);
-  }
-}
-
-// A row of zeros in global memory: the copy warps fill invalid rows from it with the same bulk copy,
-// so that every write into their staging buffers goes through the async proxy and is ordered by the
-// buffer's mbarrier alone.
+// A row of zeros in global memory: invalid rows are bulk-copied from it (their P is 0, but 0 x NaN
+// would not be), so that every write into a staging buffer goes through the async proxy and is
+// ordered by the buffer's mbarrier alone.
 static __device__ __align__(128) const uint8_t kZeroDsMlaRow[kDsMlaRowBytes] = {};
 
-// sm90 copy warps: row `slot` (or, invalid, the zero row) into dst_row by one cp.async.bulk on `bar`.
+// sm90 bulk row gathers (the 16-head e4m3-fragment kernel, from its copy warps or its compute warps,
+// and the sm90 64-head kernel): the 656-byte fp8_ds_mla row of `slot` (or, invalid, the zero row)
+// into dst_row by one cp.async.bulk completing on mbarrier `bar`; each row's thread arrives once per fill.
 __device__ __forceinline__ void bulk_ds_mla_row_or_zero_row(const SparseDecodeParams& p, const uint8_t* cache, int32_t slot,
                                                             bool ok, uint32_t block_size32, uint8_t* dst_row, uint32_t bar) {
   sm90::mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
@@ -401,18 +385,13 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     if constexpr (Cfg::kBulkRows) {
 #if MLA_SM90A
       // valid_slot is the staging buffer's index (the e4m3-fragment loop), hence its mbarrier; the
-      // phase completes with the 64th arrival and the last byte. The fence: the row's bytes were
-      // last written by this lane's zero-fill or read by every warp before the loop-top barrier.
-      // Copy warps: no generic writes at all (the compute warps write the row flags themselves).
+      // phase completes with the 64th arrival and the last byte. Copy warps: no generic writes at all
+      // (the compute warps write the row flags themselves); without them the copying lane flags its row.
       if (bulk_lane) {
         const int32_t slot = next_slot[0];
         const bool ok = slot >= 0 && slot < p.num_slots;
-        if constexpr (Cfg::kCopyWarps > 0) {
-          bulk_ds_mla_row_or_zero_row(p, cache, slot, ok, block_size32, dst + load_row * kDsMlaRowBytes, bars + 8 * valid_slot);
-        } else {
-          s_valid[valid_slot * kN + load_row] = ok;
-          bulk_ds_mla_row(p, cache, slot, ok, block_size32, dst + load_row * kDsMlaRowBytes, bars + 8 * valid_slot, true);
-        }
+        if constexpr (Cfg::kCopyWarps == 0) s_valid[valid_slot * kN + load_row] = ok;
+        bulk_ds_mla_row_or_zero_row(p, cache, slot, ok, block_size32, dst + load_row * kDsMlaRowBytes, bars + 8 * valid_slot);
         next_slot[0] = fetch_slot(tile + 1, 0);
       }
 #endif
