@@ -124,14 +124,15 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
   const uint32_t block_size32 = block_size_u32(p);
   auto load_tile = [&](int tile, int valid_slot) {
     if constexpr (kBulk) {
-      // Thread r < 64 copies row r whole, an invalid row from the zero row (the dequantised tile
-      // must stay finite: P = 0 times V must be 0). Every row thread arrives once (the barrier
-      // counts 64 arrivals, and 64 x 656 bytes).
+      // Thread r < 64 copies row r whole; an invalid row is zero-filled here (the dequantised
+      // tile must stay finite: P = 0 times V must be 0). Every row thread arrives once (the
+      // barrier counts 64 arrivals); valid rows add their bytes as transactions.
       if (tid < kN) {
         const int32_t slot = next_slot[0];
         const bool ok = slot >= 0 && slot < p.num_slots;
         s_valid[valid_slot * kN + tid] = ok;
-        bulk_ds_mla_row_or_zero_row(p, cache, slot, ok, block_size32, s_raw + tid * kDsMlaRowBytes, bar);
+        // (no fence here: every thread fences the async proxy after the tile's dequantisation)
+        bulk_ds_mla_row_or_zero_fill(p, cache, slot, ok, block_size32, s_raw + tid * kDsMlaRowBytes, bar);
         next_slot[0] = fetch_slot(tile + 1, 0);
       }
     } else {
