@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: every GPU test, compute-sanitizer memcheck on the small cases of
-# every op, Nsight Compute runs of the cache write and the decode split kernels, and every
+# every op (racecheck and synccheck on the attention kernels'), Nsight Compute runs of the cache write and the decode split kernels, and every
 # benchmark (JSON + markdown).
 # Usage (from the repository root, with the built library in mla_ext/):
 #   bash bench/gpu_check.sh [OUT_DIR]        # OUT_DIR defaults to $OUT or bench/results/latest
@@ -35,6 +35,12 @@ timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 --print-limit 
   -m gpu -k small tests/test_decode_gpu.py tests/test_sparse_gpu.py > "$out/racecheck.txt" 2>&1 || status=1
 tail -3 "$out/racecheck.txt"
 summary+=("racecheck: $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY' "$out/racecheck.txt" | tail -1), $(grep -E 'passed|failed' "$out/racecheck.txt" | tail -1)")
+
+echo "== compute-sanitizer synccheck (small cases of the attention kernels; more tracked mbarriers than the default)"
+timeout 300 compute-sanitizer --tool synccheck --num-cuda-barriers 4096 --error-exitcode 9 --print-limit 5 $py -m pytest -q \
+  -p no:cacheprovider -m gpu -k small tests/test_decode_gpu.py tests/test_sparse_gpu.py > "$out/synccheck.txt" 2>&1 || status=1
+tail -3 "$out/synccheck.txt"
+summary+=("synccheck: $(grep -h 'ERROR SUMMARY' "$out/synccheck.txt" | tail -1), $(grep -E 'passed|failed' "$out/synccheck.txt" | tail -1)")
 
 echo "== Nsight Compute: cache write, fp8_ds_mla, 65536 tokens"
 timeout 120 ncu --clock-control none --nvtx --nvtx-include "mla_ext.profile/" -k regex:concat_and_cache -c 1 \
