@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: every GPU test, compute-sanitizer memcheck on the small cases of
-# every op (racecheck and synccheck on the attention kernels'), Nsight Compute runs of the cache write and the decode split kernels, and every
-# benchmark (JSON + markdown).
+# every op, racecheck and synccheck on the attention kernels, Nsight Compute runs of the cache write
+# and the decode split kernels, and every benchmark (JSON + markdown; with the FlashMLA peer when
+# third_party_peers/ holds it, see mla_ext/bench/flashmla_peer.py).
 # Usage (from the repository root, with the built library in mla_ext/):
 #   bash bench/gpu_check.sh [OUT_DIR]        # OUT_DIR defaults to $OUT or bench/results/latest
 # Set MLA_EXT_COMMIT to the commit being measured (the GPU machine's copy has no .git).
@@ -50,7 +51,7 @@ grep -E "Duration|DRAM Throughput|Achieved Occupancy|Registers Per Thread" "$out
 
 echo "== Nsight Compute: decode split kernels, memory-bound b128 x 4096, h_q 16 (bf16 and fp8_ds_mla caches)"
 for fmt in auto fp8_ds_mla; do
-  timeout 120 ncu --nvtx --nvtx-include "mla_ext.decode_mla.$fmt.b128.s1.h16.bs64/" -k regex:decode_split -c 1 \
+  MLA_EXT_FLASHMLA_SO=/nonexistent timeout 120 ncu --nvtx --nvtx-include "mla_ext.decode_mla.$fmt.b128.s1.h16.bs64/" -k regex:decode_split -c 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
     $py bench/bench_decode.py --only "$fmt memory-bound b=128" --iters 2 > "$out/ncu_decode_$fmt.txt" 2>&1
   grep -E "Duration|DRAM Throughput|Achieved Occupancy|Registers Per Thread|Local Memory Spilling Requests  |Warp Cycles Per Issued" "$out/ncu_decode_$fmt.txt" | head -6
@@ -59,7 +60,7 @@ done
 echo "== benchmarks"
 for bench in bench/bench_*.py; do
   name=$(basename "$bench" .py)
-  timeout 150 $py "$bench" --json "$out" > "$out/$name.txt" 2>&1 || { status=1; echo "$name FAILED"; }
+  timeout 300 $py "$bench" --json "$out" > "$out/$name.txt" 2>&1 || { status=1; echo "$name FAILED"; }
   tail -40 "$out/$name.txt"
 done
 printf '%s\n' "${summary[@]}"

@@ -9,11 +9,14 @@ git-ignored): get it with
 
 and carry it to the GPU machine with the built extension. ``MLA_EXT_FLASHMLA_SO`` names another
 path. The library registers its ops as ``torch.ops._flashmla_C``; they are called here directly
-(its Python wrapper imports vLLM). When the library is missing or does not load, ``status()`` says
-why and the benchmarks print that instead of peer rows.
+(its Python wrapper imports vLLM). When the library is missing, does not load, lacks an op or the
+GPU is not one FlashMLA runs that op on, ``status()`` / ``supports()`` say why and the benchmarks
+print that instead of peer rows; a peer call that fails anyway is reported by ``attempt()``, never
+raised into the benchmark.
 
-What it covers on sm90: dense decode of a bf16 cache with 64-token pages (any h_q), and sparse
-decode of an fp8_ds_mla cache with 64 or 128 heads (an engine pads other head counts to 64).
+What it covers: dense decode of a bf16 cache with 64-token pages (any h_q) on sm90, and sparse
+decode of an fp8_ds_mla cache with 64 or 128 heads (an engine pads other head counts to 64) on
+sm90 and sm100. The benchmarks run the peer after mla_ext's timing of the same case.
 """
 
 from __future__ import annotations
@@ -31,20 +34,41 @@ def status() -> str:
     """"loaded <path>", or why the peer is not available."""
     if "status" not in _state:
         path = os.environ.get("MLA_EXT_FLASHMLA_SO", _DEFAULT)
+        shown = os.path.relpath(path, os.path.dirname(os.path.dirname(_DEFAULT))) if path == _DEFAULT else path
         if not os.path.exists(path):
-            _state["status"] = f"FlashMLA peer not run: {path} not found (see mla_ext/bench/flashmla_peer.py)"
+            _state["status"] = f"FlashMLA peer not run: {shown} not found (see mla_ext/bench/flashmla_peer.py)"
         else:
             try:
                 torch.ops.load_library(path)
-                torch.ops._flashmla_C.dense_decode_fwd  # noqa: B018 (raises if the ops are not there)
-                _state["status"] = f"loaded {path}"
+                torch.ops._flashmla_C.dense_decode_fwd  # noqa: B018 (raise if the ops are not there)
+                torch.ops._flashmla_C.sparse_decode_fwd  # noqa: B018
+                _state["status"] = f"loaded {os.path.basename(path)}"
             except (OSError, RuntimeError, AttributeError) as e:
-                _state["status"] = f"FlashMLA peer not run: {path} did not load ({e})"
+                _state["status"] = f"FlashMLA peer not run: {shown} did not load ({e})"
     return _state["status"]
 
 
 def available() -> bool:
     return status().startswith("loaded")
+
+
+# GPU architectures FlashMLA runs each op on (its sm90a dense kernels; sparse on sm90a and sm100).
+_ARCHS = {"dense": ((9, 0),), "sparse": ((9, 0), (10, 0))}
+
+
+def supports(op: str) -> bool:
+    """The library is loaded and this GPU is one FlashMLA runs ``op`` ("dense" or "sparse") on."""
+    return available() and torch.cuda.is_available() and torch.cuda.get_device_capability() in _ARCHS[op]
+
+
+def attempt(what: str, fn):
+    """fn() or, if the peer call fails (an unsupported shape, a GPU the build lacks), None with the
+    error printed: a peer must never stop mla_ext's benchmark."""
+    try:
+        return fn()
+    except (RuntimeError, AssertionError) as e:  # torch.AcceleratorError is a RuntimeError
+        print(f"FlashMLA peer: {what}: not run ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+        return None
 
 
 def dense_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
@@ -81,8 +105,18 @@ def sparse_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor
     return run
 
 
-def agrees(out: torch.Tensor, ref: torch.Tensor) -> bool:
-    """The peer computed the same attention as mla_ext (so its time belongs to the same work):
-    relative Frobenius error below 2%."""
-    diff = (out.float() - ref.float()).norm()
-    return bool(torch.isfinite(out.float()).all()) and diff.item() <= 0.02 * ref.float().norm().item()
+def agrees(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor) -> str:
+    """"" when the peer computed the same attention as mla_ext (so its time belongs to the same
+    work): out within 2% relative Frobenius error, finite lse within 1e-2 (both natural log,
+    [b, h_q, s_q]); else what differs."""
+    out, ref_out = out.float(), ref_out.float()
+    if not bool(torch.isfinite(out).all()):
+        return "non-finite output"
+    rel = ((out - ref_out).norm() / ref_out.norm().clamp_min(1e-30)).item()
+    if rel > 0.02:
+        return f"output rel. error {rel:.3g}"
+    fin = torch.isfinite(ref_lse)
+    if not torch.equal(fin, torch.isfinite(lse)):
+        return "lse finite in different places"
+    err = (lse[fin] - ref_lse[fin]).abs().max().item() if bool(fin.any()) else 0.0
+    return f"lse error {err:.3g}" if err > 1e-2 else ""

@@ -79,16 +79,22 @@ def _indices(b: int, s_q: int, table: torch.Tensor) -> torch.Tensor:
 
 
 def _flashmla_row(timer: Timer, ours, q, cache, idx, fmt: str, label: str) -> Row | None:
-    """FlashMLA on the same case (bytes and FLOPs are the caller's, those of the h_q asked for), or
-    None when the peer is absent or its output disagrees with mla_ext's (then printed)."""
-    if not flashmla_peer.available():
+    """FlashMLA on the same case, timed like mla_ext's call (eagerly, same timer; bytes and FLOPs are
+    the caller's, those of the h_q asked for), or None when the peer is absent, fails or disagrees
+    with mla_ext (then printed)."""
+    if not flashmla_peer.supports("sparse"):
         return None
     b, s_q, h_q, _ = q.shape
     h_pad = 64 if h_q <= 64 else 128
     q_peer = q if h_q == h_pad else torch.cat([q, q.new_zeros(b, s_q, h_pad - h_q, q.shape[-1])], dim=2)
-    run = flashmla_peer.sparse_decode(q_peer, cache, idx, SOFTMAX_SCALE)
-    if not flashmla_peer.agrees(run()[0][:, :, :h_q], ours()[0]):
-        print(f"FlashMLA peer: {fmt} {label}: output disagrees with mla_ext's, not timed")
+    run = flashmla_peer.attempt(f"{fmt} {label}", lambda: flashmla_peer.sparse_decode(q_peer, cache, idx, SOFTMAX_SCALE))
+    peer = run and flashmla_peer.attempt(f"{fmt} {label}", run)
+    if peer is None:
+        return None
+    ref_out, ref_lse = ours()
+    differs = flashmla_peer.agrees(peer[0][:, :, :h_q], peer[1][:, :h_q], ref_out, ref_lse)
+    if differs:
+        print(f"FlashMLA peer: {fmt} {label}: disagrees with mla_ext ({differs}), not timed")
         return None
     us = timer.time_us(run, f"flashmla.{fmt}.{label.split(' (')[0].replace(' ', '_')}")
     padded = f" (q padded to {h_pad} heads)" if h_pad != h_q else ""

@@ -205,8 +205,11 @@ __device__ __forceinline__ const uint8_t* slot_row(const SparseDecodeParams& p, 
 }
 
 // A row of zeros in global memory: invalid rows are bulk-copied from it (their P is 0, but 0 x NaN
-// would not be), so that every write into a staging buffer goes through the async proxy and is
-// ordered by the buffer's mbarrier alone.
+// would not be), so that every write into a staging buffer goes through the async proxy and its
+// readers need only the buffer's mbarrier (read after write). The earlier generic reads of the
+// buffer (write after read) are ordered by the barrier that releases it (as CUTLASS's TMA pipelines
+// rely on their consumer-release barrier), plus a proxy fence where the issuing thread is one of
+// the readers.
 static __device__ __align__(128) const uint8_t kZeroDsMlaRow[kDsMlaRowBytes] = {};
 
 // sm90 bulk row gathers of the 16-head e4m3-fragment kernel (from its copy warps or its compute
@@ -221,7 +224,8 @@ __device__ __forceinline__ void bulk_ds_mla_row_or_zero_row(const SparseDecodePa
 // The sm90 64-head kernel's bulk row gather: as bulk_ds_mla_row_or_zero_row for a valid slot, an invalid
 // row zero-filled by its thread with generic stores (that kernel fences the async proxy after every
 // tile's dequantisation) and an arrival without bytes. (Through the zero row that kernel measured ~2.5%
-// slower at b128 h_q 64 in a same-run A/B, all slots valid: logs/s7_zero_row_ab.)
+// slower at b128 h_q 64 in a same-run A/B with every slot valid, i.e. from the code the compiler made
+// of it, not from zero-row copies: logs/s7_zero_row_ab.)
 __device__ __forceinline__ void bulk_ds_mla_row_or_zero_fill(const SparseDecodeParams& p, const uint8_t* cache, int32_t slot,
                                                              bool ok, uint32_t block_size32, uint8_t* dst_row, uint32_t bar) {
   if (ok) {
@@ -402,11 +406,15 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
 #if MLA_SM90A
       // valid_slot is the staging buffer's index (the e4m3-fragment loop), hence its mbarrier; the
       // phase completes with the 64th arrival and the last byte. Copy warps: no generic writes at all
-      // (the compute warps write the row flags themselves); without them the copying lane flags its row.
+      // (the compute warps write the row flags themselves); without them the copying lane flags its row
+      // and, a reader of the buffer's previous tile itself, fences the async proxy first.
       if (bulk_lane) {
         const int32_t slot = next_slot[0];
         const bool ok = slot >= 0 && slot < p.num_slots;
-        if constexpr (Cfg::kCopyWarps == 0) s_valid[valid_slot * kN + load_row] = ok;
+        if constexpr (Cfg::kCopyWarps == 0) {
+          s_valid[valid_slot * kN + load_row] = ok;
+          sm90::fence_proxy_async_smem();
+        }
         bulk_ds_mla_row_or_zero_row(p, cache, slot, ok, block_size32, dst + load_row * kDsMlaRowBytes, bars + 8 * valid_slot);
         next_slot[0] = fetch_slot(tile + 1, 0);
       }
