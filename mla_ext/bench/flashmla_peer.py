@@ -107,8 +107,10 @@ def sparse_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor
 
 def agrees(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor) -> str:
     """"" when the peer computed the same attention as mla_ext (so its time belongs to the same
-    work): out within 2% relative Frobenius error, finite lse within 1e-2 (both natural log,
-    [b, h_q, s_q]); else what differs."""
+    work): out within 2% relative Frobenius error, finite lse within 0.1 (both natural log,
+    [b, h_q, s_q]); else what differs. The lse bound catches a different scale, base or mask, not
+    FlashMLA's precision: its sparse fp8_ds_mla kernel measured 0.017-0.031 from mla_ext's lse on the
+    benchmark's cases (logs/s7_review_fixes), whose own lse is within 5e-4 of the fp32 reference in the tests."""
     out, ref_out = out.float(), ref_out.float()
     if not bool(torch.isfinite(out).all()):
         return "non-finite output"
@@ -119,4 +121,4 @@ def agrees(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse:
     if not torch.equal(fin, torch.isfinite(lse)):
         return "lse finite in different places"
     err = (lse[fin] - ref_lse[fin]).abs().max().item() if bool(fin.any()) else 0.0
-    return f"lse error {err:.3g}" if err > 1e-2 else ""
+    return f"lse error {err:.3g}" if err > 0.1 else ""
