@@ -31,7 +31,7 @@ _state: dict = {}
 
 
 def status() -> str:
-    """"loaded <path>", or why the peer is not available."""
+    """"loaded <file name>", or why the peer is not available."""
     if "status" not in _state:
         path = os.environ.get("MLA_EXT_FLASHMLA_SO", _DEFAULT)
         shown = os.path.relpath(path, os.path.dirname(os.path.dirname(_DEFAULT))) if path == _DEFAULT else path
