@@ -3,6 +3,8 @@ schemas (opcheck on CPU), fakes under torch.compile, and clear errors for bad in
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -235,3 +237,32 @@ def test_flashmla_peer_absent_is_reported(monkeypatch, tmp_path):
     monkeypatch.setattr(flashmla_peer, "_state", {})
     monkeypatch.setenv("MLA_EXT_FLASHMLA_SO", str(bad))
     assert "did not load" in flashmla_peer.status() and not flashmla_peer.available()
+
+
+def test_flashmla_peer_agreement_and_summary():
+    """The peer is timed only when its out and lse match mla_ext's (a different scale, base or mask
+    shows in the lse); the decode summary keeps peer rows out of the bar's lines and reports the
+    same-run speed ratio."""
+    from mla_ext.bench import flashmla_peer
+    from mla_ext.bench.decode import bandwidth_summary
+    from mla_ext.bench.harness import Roofline, Row
+
+    g = torch.Generator().manual_seed(3)
+    out = torch.randn(2, 1, 16, 512, generator=g)
+    lse = torch.randn(2, 16, 1, generator=g)
+    lse[1, 3, 0] = -math.inf  # a row with nothing to attend to
+    assert flashmla_peer.agrees(out * 1.001, lse + 0.05, out, lse) == ""
+    assert "output" in flashmla_peer.agrees(out * 1.1, lse, out, lse)
+    assert "lse error" in flashmla_peer.agrees(out, lse * 1.4427, out, lse)  # log2 instead of ln
+    moved = lse.clone()
+    moved[1, 3, 0] = 0.0
+    assert "finite" in flashmla_peer.agrees(out, moved, out, lse)
+    assert "non-finite" in flashmla_peer.agrees(out * float("nan"), lse, out, lse)
+
+    rf = Roofline(copy_GBps=4000.0, bf16_mm_TFLOPS=700.0)
+    ours = Row("auto memory-bound b=1 bs=64", 100.0, bytes=4e8, roofline=rf, extra={"flashmla_us_over_mla_ext": 1.1})
+    peer = Row("FlashMLA peer: auto memory-bound b=1 bs=64", 110.0, bytes=4e8, roofline=rf, extra={"peer": "FlashMLA"})
+    lines = bandwidth_summary([ours, peer]).splitlines()
+    assert lines[0] == "auto memory-bound b=1 bs=64: 100% of copy bandwidth"
+    assert not any(line.startswith("FlashMLA peer") for line in lines)
+    assert lines[-1] == "mla_ext vs FlashMLA (same run), auto memory-bound b=1 bs=64: 1.10x as fast"
