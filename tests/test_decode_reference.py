@@ -251,13 +251,29 @@ def test_flashmla_peer_agreement_and_summary():
     out = torch.randn(2, 1, 16, 512, generator=g)
     lse = torch.randn(2, 16, 1, generator=g)
     lse[1, 3, 0] = -math.inf  # a row with nothing to attend to
-    assert flashmla_peer.agrees(out * 1.001, lse + 0.05, out, lse) == ""
-    assert "output" in flashmla_peer.agrees(out * 1.1, lse, out, lse)
-    assert "lse error" in flashmla_peer.agrees(out, lse * 1.4427, out, lse)  # log2 instead of ln
+    assert flashmla_peer.disagreement(out * 1.001, lse + 0.05, out, lse) == ""
+    assert "output" in flashmla_peer.disagreement(out * 1.1, lse, out, lse)
+    assert "lse error" in flashmla_peer.disagreement(out, lse * 1.4427, out, lse)  # log2 instead of ln
     moved = lse.clone()
     moved[1, 3, 0] = 0.0
-    assert "finite" in flashmla_peer.agrees(out, moved, out, lse)
-    assert "non-finite" in flashmla_peer.agrees(out * float("nan"), lse, out, lse)
+    assert "finite" in flashmla_peer.disagreement(out, moved, out, lse)
+    assert "non-finite" in flashmla_peer.disagreement(out * float("nan"), lse, out, lse)
+
+    # time_checked: timed only when the call works and agrees (on the first `heads` heads when padded).
+    class _Timer:
+        def time_us(self, fn, name):
+            fn()
+            return 42.0
+
+    padded = (torch.cat([out, out], dim=2), torch.cat([lse, lse], dim=1))
+    assert flashmla_peer.time_checked(_Timer(), "case", lambda: lambda: padded, (out, lse), heads=16) == 42.0
+    assert flashmla_peer.time_checked(_Timer(), "case", lambda: lambda: (out * 2, lse), (out, lse)) is None
+
+    def broken():
+        raise RuntimeError("no kernel image for this GPU")
+
+    assert flashmla_peer.time_checked(_Timer(), "case", broken, (out, lse)) is None
+    assert flashmla_peer.time_checked(_Timer(), "case", lambda: broken, (out, lse)) is None
 
     rf = Roofline(copy_GBps=4000.0, bf16_mm_TFLOPS=700.0)
     ours = Row("auto memory-bound b=1 bs=64", 100.0, bytes=4e8, roofline=rf, extra={"flashmla_us_over_mla_ext": 1.1})

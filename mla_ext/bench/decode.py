@@ -123,28 +123,17 @@ def graphed(fn):
     return graph.replay
 
 
-def _flashmla_row(timer: Timer, inp: dict, plan, name: str) -> Row | None:
-    """FlashMLA's dense decode on the same bf16 case (bytes and FLOPs are the caller's), graphed like
-    mla_ext's, or None when the peer is absent, fails or disagrees with mla_ext (then printed).
-    FlashMLA reads the last page's unused rows as they are (mla_ext's inputs hold NaN there), so
-    this zeroes NaN in the cache in place: call it only after mla_ext's timing of the case."""
+def _flashmla_us(timer: Timer, inp: dict, plan, name: str) -> float | None:
+    """FlashMLA's dense decode time on the same bf16 case, graphed like mla_ext's, or None when the
+    peer is absent, fails or disagrees with mla_ext (then printed). FlashMLA reads the last page's
+    unused rows as they are (mla_ext's inputs hold NaN there), so this zeroes NaN in the cache in
+    place: call it only after mla_ext's timing of the case."""
     if not flashmla_peer.supports("dense"):
         return None
     torch.nan_to_num_(inp["kv_cache"], nan=0.0)
     args = (inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"], inp["softmax_scale"], True)
-    run = flashmla_peer.attempt(name, lambda: flashmla_peer.dense_decode(*args))
-    peer = run and flashmla_peer.attempt(name, run)
-    if peer is None:
-        return None
-    differs = flashmla_peer.agrees(*peer, *run_op(inp, True, plan=plan))
-    if differs:
-        print(f"FlashMLA peer: {name}: disagrees with mla_ext ({differs}), not timed")
-        return None
-    replay = flashmla_peer.attempt(name, lambda: graphed(run))
-    if replay is None:
-        return None
-    us = timer.time_us(replay, f"flashmla.{name.replace(' ', '_')}")
-    return Row(f"FlashMLA peer: {name}", us, extra={"peer": "FlashMLA (vllm 0.33.0 build)"})
+    return flashmla_peer.time_checked(timer, name, lambda: flashmla_peer.dense_decode(*args), run_op(inp, True, plan=plan),
+                                      graph=graphed)
 
 
 def bench(timer: Timer, roofline: Roofline, quick: bool = False, only: str | None = None) -> list[Row]:
@@ -172,14 +161,13 @@ def bench(timer: Timer, roofline: Roofline, quick: bool = False, only: str | Non
             keys = sum(lens)
             nbytes = keys * row_width(fmt) * inp["kv_cache"].element_size() + inp["q"].numel() * 2 * (1 + 512 / 576)
             flops = 2 * h_q * s_q * keys * (576 + 512)
-            row = Row(name, us, bytes=nbytes, flops=flops, roofline=roofline)
-            rows.append(row)
-            if fmt == "auto" and bs == 64:  # (after mla_ext's timing: the peer zeroes the cache's NaN rows)
-                peer = _flashmla_row(timer, inp, plan, name)
-                if peer is not None:
-                    peer.bytes, peer.flops, peer.roofline = nbytes, flops, roofline
-                    row.extra["flashmla_us_over_mla_ext"] = round(peer.us / us, 3)
-                    rows.append(peer)
+            # (after mla_ext's timing: the peer zeroes the cache's NaN rows)
+            peer_us = _flashmla_us(timer, inp, plan, name) if fmt == "auto" and bs == 64 else None
+            extra = {} if peer_us is None else {"flashmla_us_over_mla_ext": round(peer_us / us, 3)}
+            rows.append(Row(name, us, bytes=nbytes, flops=flops, roofline=roofline, extra=extra))
+            if peer_us is not None:
+                rows.append(Row(f"FlashMLA peer: {name}", peer_us, bytes=nbytes, flops=flops, roofline=roofline,
+                                extra={"peer": flashmla_peer.NAME}))
         if idx == 0 and only is None:
             plan_us = timer.time_us(graphed(lambda: get_decode_plan(inp["seq_lens"], s_q, h_q, fmt)), f"{NAME}.plan.b{b}")
             rows.append(Row(f"plan only b={b}", plan_us))

@@ -28,6 +28,7 @@ import torch
 _DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                         "third_party_peers", "_flashmla_C.abi3.so")
 _state: dict = {}
+NAME = "FlashMLA (vllm 0.33.0 build)"  # what the benchmark rows' "peer" field says
 
 
 def status() -> str:
@@ -105,10 +106,10 @@ def sparse_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor
     return run
 
 
-def agrees(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor) -> str:
-    """"" when the peer computed the same attention as mla_ext (so its time belongs to the same
-    work): out within 2% relative Frobenius error, finite lse within 0.1 (both natural log,
-    [b, h_q, s_q]); else what differs. The lse bound catches a different scale, base or mask, not
+def disagreement(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor) -> str:
+    """What differs between the peer's result and mla_ext's, or "" when the peer computed the same
+    attention (so its time belongs to the same work): out within 2% relative Frobenius error, finite
+    lse within 0.1 (both natural log, [b, h_q, s_q]). The lse bound catches a different scale, base or mask, not
     FlashMLA's precision: its sparse fp8_ds_mla kernel measured 0.017-0.031 from mla_ext's lse on the
     benchmark's cases (logs/s7_review_fixes), whose own lse is within 5e-4 of the fp32 reference in the tests."""
     out, ref_out = out.float(), ref_out.float()
@@ -122,3 +123,23 @@ def agrees(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse:
         return "lse finite in different places"
     err = (lse[fin] - ref_lse[fin]).abs().max().item() if bool(fin.any()) else 0.0
     return f"lse error {err:.3g}" if err > 0.1 else ""
+
+
+def time_checked(timer, what: str, make_run, reference, heads: int | None = None, graph=None) -> float | None:
+    """The peer's time on a case, in us: make_run() builds the call (dense_decode / sparse_decode),
+    which runs once and is compared with mla_ext's (out, lse) `reference` (its first `heads` heads
+    when the peer ran on padded q), then timed, through `graph` (e.g. a CUDA-graph capture) when
+    mla_ext's own call was. None, with the reason printed, when the call fails or disagrees."""
+    run = attempt(what, make_run)
+    got = run and attempt(what, run)
+    if got is None:
+        return None
+    out, lse = got
+    if heads is not None:
+        out, lse = out[:, :, :heads], lse[:, :heads]
+    differs = disagreement(out, lse, *reference)
+    if differs:
+        print(f"FlashMLA peer: {what}: disagrees with mla_ext ({differs}), not timed")
+        return None
+    timed = run if graph is None else attempt(what, lambda: graph(run))
+    return None if timed is None else timer.time_us(timed, f"flashmla.{what.replace(' ', '_')}")

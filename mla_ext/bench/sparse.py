@@ -78,27 +78,18 @@ def _indices(b: int, s_q: int, table: torch.Tensor) -> torch.Tensor:
     return sparse_indices_to_slots(local, table[:b], BLOCK_SIZE)
 
 
-def _flashmla_row(timer: Timer, ours, q, cache, idx, fmt: str, label: str) -> Row | None:
-    """FlashMLA on the same case, timed like mla_ext's call (eagerly, same timer; bytes and FLOPs are
-    the caller's, those of the h_q asked for), or None when the peer is absent, fails or disagrees
-    with mla_ext (then printed)."""
+def _flashmla_us(timer: Timer, ours, q, cache, idx, what: str) -> tuple[float, int] | None:
+    """FlashMLA's time on the same case, timed like mla_ext's call (eagerly, same timer), and the head
+    count it ran with (64 or 128: q zero-padded as an engine pads it); None when the peer is absent,
+    fails or disagrees with mla_ext (then printed)."""
     if not flashmla_peer.supports("sparse"):
         return None
     b, s_q, h_q, _ = q.shape
     h_pad = 64 if h_q <= 64 else 128
     q_peer = q if h_q == h_pad else torch.cat([q, q.new_zeros(b, s_q, h_pad - h_q, q.shape[-1])], dim=2)
-    run = flashmla_peer.attempt(f"{fmt} {label}", lambda: flashmla_peer.sparse_decode(q_peer, cache, idx, SOFTMAX_SCALE))
-    peer = run and flashmla_peer.attempt(f"{fmt} {label}", run)
-    if peer is None:
-        return None
-    ref_out, ref_lse = ours()
-    differs = flashmla_peer.agrees(peer[0][:, :, :h_q], peer[1][:, :h_q], ref_out, ref_lse)
-    if differs:
-        print(f"FlashMLA peer: {fmt} {label}: disagrees with mla_ext ({differs}), not timed")
-        return None
-    us = timer.time_us(run, f"flashmla.{fmt}.{label.split(' (')[0].replace(' ', '_')}")
-    padded = f" (q padded to {h_pad} heads)" if h_pad != h_q else ""
-    return Row(f"FlashMLA peer: {fmt} {label}, topk {TOPK}{padded}", us, extra={"format": fmt, "peer": "FlashMLA (vllm 0.33.0 build)"})
+    us = flashmla_peer.time_checked(timer, what, lambda: flashmla_peer.sparse_decode(q_peer, cache, idx, SOFTMAX_SCALE),
+                                    ours(), heads=h_q)
+    return None if us is None else (us, h_pad)
 
 
 def bench(timer: Timer, roofline: Roofline, quick: bool = False) -> list[Row]:
@@ -124,13 +115,14 @@ def bench(timer: Timer, roofline: Roofline, quick: bool = False) -> list[Row]:
             extra = {"format": fmt}
             if label.startswith("b128 s_q1 h_q64"):
                 extra["h16_over_h64"] = round(times["b128 s_q1 h_q16"] / us, 3)
-            peer = _flashmla_row(timer, fn, q, cache, idx, fmt, label) if fmt == "fp8_ds_mla" else None
+            peer = _flashmla_us(timer, fn, q, cache, idx, f"{fmt} {label}") if fmt == "fp8_ds_mla" else None
             if peer is not None:
-                peer.bytes, peer.flops, peer.roofline = nbytes, flops, roofline
-                extra["flashmla_us_over_mla_ext"] = round(peer.us / us, 3)
+                extra["flashmla_us_over_mla_ext"] = round(peer[0] / us, 3)
             rows.append(Row(f"{fmt} {label}, topk {TOPK}", us, bytes=nbytes, flops=flops, roofline=roofline, extra=extra))
             if peer is not None:
-                rows.append(peer)
+                padded = f" (q padded to {peer[1]} heads)" if peer[1] != h_q else ""
+                rows.append(Row(f"FlashMLA peer: {fmt} {label}, topk {TOPK}{padded}", peer[0], bytes=nbytes, flops=flops,
+                                roofline=roofline, extra={"format": fmt, "peer": flashmla_peer.NAME}))
         del cache, table
         torch.cuda.empty_cache()
     return rows

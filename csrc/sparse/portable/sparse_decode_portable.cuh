@@ -221,23 +221,6 @@ __device__ __forceinline__ void bulk_ds_mla_row_or_zero_row(const SparseDecodePa
   sm90::bulk_load(sm80::smem_addr(dst_row), ok ? slot_row(p, cache, slot, true, block_size32) : kZeroDsMlaRow, kDsMlaRowBytes, bar);
 }
 
-// The sm90 64-head kernel's bulk row gather: as bulk_ds_mla_row_or_zero_row for a valid slot, an invalid
-// row zero-filled by its thread with generic stores (that kernel fences the async proxy after every
-// tile's dequantisation) and an arrival without bytes. (Through the zero row that kernel measured ~2.5%
-// slower at b128 h_q 64 in a same-run A/B with every slot valid, i.e. from the code the compiler made
-// of it, not from zero-row copies: logs/s7_zero_row_ab.)
-__device__ __forceinline__ void bulk_ds_mla_row_or_zero_fill(const SparseDecodeParams& p, const uint8_t* cache, int32_t slot,
-                                                             bool ok, uint32_t block_size32, uint8_t* dst_row, uint32_t bar) {
-  if (ok) {
-    sm90::mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
-    sm90::bulk_load(sm80::smem_addr(dst_row), slot_row(p, cache, slot, true, block_size32), kDsMlaRowBytes, bar);
-  } else {
-#pragma unroll 1
-    for (int c = 0; c < kDsMlaRowBytes / 16; ++c) reinterpret_cast<uint4*>(dst_row)[c] = make_uint4(0u, 0u, 0u, 0u);
-    sm90::mbar_arrive(bar);
-  }
-}
-
 // fp8_ds_mla: thread `part` of a row's kRowT threads copies 16-byte chunks part, part + kRowT, ...
 // of the 656-byte row into dst_row (zero-filled when !ok).
 template <int kRowT>
