@@ -610,22 +610,24 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       team_sync();  // tile i landed for the team; the team is done with its previous tile
       const bool load_next = i + C::kTeams < num_tiles;
       RowCopy next_copy{};
-      if (load_next) {
-        if constexpr (kTmaTiles) {
-          issue_tile(tile_begin + i + C::kTeams, (li + 1) % C::kStages, tma_page);
-          tma_page = tma_page_of(tile_begin + i + 2 * C::kTeams);
-        } else {
-          next_copy = prepare_rows(tile_begin + i + C::kTeams, (li + 1) % C::kStages, next_page);
-          issue_rows(next_copy, 0);
-          next_page = page_of(tile_begin + i + 2 * C::kTeams);
-        }
+      if (load_next && !kTmaTiles) {
+        next_copy = prepare_rows(tile_begin + i + C::kTeams, (li + 1) % C::kStages, next_page);
+        issue_rows(next_copy, 0);
+        next_page = page_of(tile_begin + i + 2 * C::kTeams);
       }
       const uint32_t kbase = stage_base + stage * C::kStageBytes;
 
-      // The next tile's second half of copies goes out while QK^T runs; R's vote after it.
+      // The next tile's second half of copies (TMA tiles: the whole tile) goes out while QK^T runs;
+      // R's vote after it. (TMA: issued after the wgmma so that the issuing warps 0-1 do not hold
+      // back their warpgroup's QK^T, which the other warpgroup waits for at the partial scores.)
       float v_rescale = 1.f;
       auto after_qk_issue = [&] {
-        if constexpr (!kTmaTiles) {
+        if constexpr (kTmaTiles) {
+          if (load_next) {
+            issue_tile(tile_begin + i + C::kTeams, (li + 1) % C::kStages, tma_page);
+            tma_page = tma_page_of(tile_begin + i + 2 * C::kTeams);
+          }
+        } else {
           if (load_next) issue_rows(next_copy, 1);
           sm80::cp_async_commit();
         }
