@@ -253,9 +253,9 @@ def test_small_for_sanitizer():
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla"])
-@pytest.mark.parametrize("block_size", [16, 32, 64, 128])
+@pytest.mark.parametrize("block_size", [8, 16, 32, 64, 128])
 def test_small_whole_tile_copies(fmt, block_size):
-    """On sm90 the fp8 kernel copies tiles with TMA, one box per page (a tile is 1, 2 or 4 pages):
+    """On sm90 the fp8 kernel copies tiles with TMA, one box per page (a tile is 1, 2, 4 or 8 pages):
     rows past the sequence arrive as the page holds them (NaN here) and must be zeroed. Kept small
     for the sanitizers (-k small); the cp.async copies of the same kernel: test_fp8_16_row_loaders."""
     inp = make_inputs([0, 1, 63, 64, 65, 130, 700], 1, 16, block_size, fmt, arbitrary_scales=fmt == "fp8_ds_mla",

@@ -63,6 +63,25 @@ def main() -> int:
             gbps = n * row_bytes / (us * 1e-6) / 1e9
             print(f"| {row_bytes} | {name} | {us:.2f} | {gbps:.0f} | {n / (us * 1e-6) / 1e9:.2f} | {gbps / roofline.copy_GBps:.2f} |")
         del pool
+    # Dense paged decode reads whole pages in a random order (bench/bench_decode.py shuffles them):
+    # does the page size change what the DRAM delivers? Same rows, 16 per program, page by page.
+    print()
+    print("| row bytes | block size | us | GB/s | fraction of copy |")
+    print("|---:|---:|---:|---:|---:|")
+    n = REQUESTS * 4096  # the memory-bound decode case: b128 x 4096 keys
+    for row_bytes in (656, 1152):
+        words = row_bytes // 4
+        pool = torch.randint(0, 1 << 20, (n, words), dtype=torch.int32, device="cuda")
+        out = torch.empty(n // rows_, dtype=torch.int32, device="cuda")
+        for block_size in (16, 64, 128):
+            order = torch.randperm(n // block_size, device="cuda", dtype=torch.int64)
+            slots32 = (order[:, None] * block_size + torch.arange(block_size, device="cuda")).view(-1).to(torch.int32)
+            fn = lambda: _gather_fold[(n // rows_,)](pool, slots32, out, WORDS=words,  # noqa: E731
+                                                     BLOCK_W=triton.next_power_of_2(words), ROWS=rows_, num_warps=4)
+            us = timer.time_us(fn, f"pages.{row_bytes}.bs{block_size}")
+            gbps = n * row_bytes / (us * 1e-6) / 1e9
+            print(f"| {row_bytes} | {block_size} | {us:.2f} | {gbps:.0f} | {gbps / roofline.copy_GBps:.2f} |")
+        del pool
     return 0
 
 

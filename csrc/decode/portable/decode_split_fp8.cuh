@@ -184,7 +184,8 @@ struct Fp8SplitConfig {
   static constexpr int kXchgFloats = 32 * kTeamThreads + 2 * kRows + kTeamWarps;
   static_assert(kXchgFloats * 4 <= kStages * kStageBytes);
   static_assert(kSmemLaunchBytes <= 227 * 1024, "fp8 decode tiles do not fit in shared memory");
-  static_assert(!kTmaTiles || kStageKeyBytes + kStageScaleBytes + kBlockN + 2 <= kStageBytes, "flags + 2 summary bytes");
+  static_assert(!kTmaTiles || kStageKeyBytes + kStageScaleBytes + kBlockN + 4 <= kStageBytes, "flags + 4 summary bytes");
+  static_assert((kStageKeyBytes + kStageScaleBytes + kBlockN) % 4 == 0, "the summary bytes are read as one word");
 };
 
 __device__ __forceinline__ int key_swizzle(int key) { return ((key & 1) << 2) | (key & 2) | ((key >> 2) & 1); }
@@ -389,15 +390,19 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     // threads 0-64); thread 0 copies it as five [64 rows][128 B] boxes (+ fp8_ds_mla's scales),
     // threads 0-63 write the row flags and thread 64 the page's (byte 64).
     // kTmaPages: a tile is 64 / p.tma_box_rows pages (2, 4 or 8 for block sizes 32, 16, 8).
-    // Threads 0-63 read their row's block-table entry a tile ahead; at issue time they write the
-    // row flags (and warps 0-1 whether any row of theirs is invalid, bytes 64 and 65), and the first
-    // thread of each page copies it: five [rows][128 B] boxes (+ scales) at row offset j * rows of
-    // page j, completing its share of the stage's mbarrier (or arriving without bytes when the
-    // page is invalid or past the sequence). (The whole-page path is kept separate: the per-row
-    // lookups and votes cost block size 64 ~3.5% in a same-run A/B, logs/s5_ab_whole_page.)
+    // Row r is lane r % 16 of warp r / 16 (warps 0-3: at most two pages per warp, one at block
+    // size 16, since a warp issues its lanes' boxes one lane after another). These threads read
+    // their row's block-table entry a tile ahead; at issue time they write the row flags (and
+    // each warp whether any row of its 16 is invalid, bytes 64-67), and the first thread of each
+    // page copies it: five [rows][128 B] boxes (+ scales) at row offset j * rows of page j,
+    // completing its share of the stage's mbarrier (or arriving without bytes when the page is
+    // invalid or past the sequence). (The whole-page path is kept separate: the per-row lookups
+    // and votes cost block size 64 ~3.5% in a same-run A/B, logs/s5_ab_whole_page.)
+    const bool page_row_thread = warp < 4 && lane < 16;
+    const int page_row = 16 * warp + lane;
     auto tma_page_of = [&](int t) {
       if constexpr (kTma == kTmaWholePage) return ttid <= kBlockN && t < tile_end ? cache_page(p, bt, t * kBlockN, kv_len) : -1;
-      else return ttid < kBlockN && t < tile_end ? cache_page(p, bt, t * kBlockN + ttid, kv_len) : -1;
+      else return page_row_thread && t < tile_end ? cache_page(p, bt, t * kBlockN + page_row, kv_len) : -1;
     };
     auto issue_tile = [&](int t, int stage, int page_id) {
 #if MLA_SM90A
@@ -421,25 +426,25 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
             sm90::mbar_arrive(bar);  // nothing to copy: every row of the tile is invalid
           }
         }
-      } else if (ttid < kBlockN) {
-        const int k0 = t * kBlockN, key = k0 + ttid;
+      } else if (page_row_thread) {
+        const int k0 = t * kBlockN, key = k0 + page_row;
         const bool page_ok = page_id >= 0 && page_id < p.num_blocks;
         const bool row_ok = page_ok && key < kv_len;
         uint8_t* flags_w = team_smem + C::kOffStages + stage * C::kStageBytes + C::kStageKeyBytes + C::kStageScaleBytes;
-        flags_w[ttid] = row_ok;
-        const bool any_invalid = __any_sync(0xffffffffu, !row_ok);
+        flags_w[page_row] = row_ok;
+        const bool any_invalid = __any_sync(0x0000ffffu, !row_ok);
         if (lane == 0) flags_w[kBlockN + warp] = any_invalid;
         const int rows = p.tma_box_rows;
-        if (ttid % rows == 0) {
+        if (page_row % rows == 0) {
           const uint32_t bar = tile_bar + 8 * stage, dst = stage_base + stage * C::kStageBytes;
           if (row_ok) {  // (the page's first row is valid: copy the page, later rows get zeroed)
             const int row = p.block_div.mod(key, p.block_div.div(key));
             sm90::mbar_arrive_expect_tx(bar, C::kTmaRowBytes * rows);
 #pragma unroll
             for (int b = 0; b < 5; ++b)  // nope blocks, then the rope dims (fp8: 64 bytes + 64 zeros)
-              sm90::tma_load_3d(dst + b * C::kBlockStride + ttid * 128, &p.kv_map, bar,
+              sm90::tma_load_3d(dst + b * C::kBlockStride + page_row * 128, &p.kv_map, bar,
                                 b < 4 ? 128 * b : (C::kDsMla ? kDsMlaRopeOffset : kKvLoraRank), row, page_id);
-            if constexpr (C::kDsMla) sm90::tma_load_3d(dst + C::kStageKeyBytes + ttid * 16, &p.scale_map, bar, 0, row, page_id);
+            if constexpr (C::kDsMla) sm90::tma_load_3d(dst + C::kStageKeyBytes + page_row * 16, &p.scale_map, bar, 0, row, page_id);
           } else {
             sm90::mbar_arrive(bar);  // nothing to copy: every row of this page is invalid
           }
@@ -593,7 +598,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
             }
             sm90::fence_proxy_async_smem();
           }
-        } else if (flags[kBlockN] | flags[kBlockN + 1]) {
+        } else if (*reinterpret_cast<const uint32_t*>(flags + kBlockN) != 0) {  // warps 0-3's votes
           for (int idx = ttid; idx < kBlockN * 33; idx += C::kTeamThreads) {
             const int r = idx / 33, c = idx % 33;  // 32 value chunks, then the scales
             if (flags[r]) continue;
