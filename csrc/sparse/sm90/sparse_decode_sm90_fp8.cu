@@ -126,30 +126,35 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
   // ---- loaders ------------------------------------------------------------------------------
   auto load_q = [&]() { load_q_tile<Cfg::kM, Cfg::kThreads>(p, b, s, h0, tid, s_q, [](int r, int c) { return sw128_off(r, c); }); };
   // Row gather into the staging tile; invalid keys are zero-filled and never read. Each thread's
-  // slots of the next tile are fetched after its copies (fetch_slot_ahead). kBulk: thread r < 64
-  // copies row r; else as the portable kernels, 8 threads per row (2 rows per thread), each copying
-  // every 8th 16-byte chunk.
+  // slots of the next tile are fetched after its copies (fetch_slot_ahead). kBulk: lane l < 8 of
+  // warp w copies row 8 w + l (a warp issues its bulk copies one lane after the other, ~90 cycles
+  // apart: 8 rows per warp fit in the S MMAs of the current tile, during which they are issued);
+  // else as the portable kernels, 8 threads per row (2 rows per thread), each copying every 8th
+  // 16-byte chunk.
   constexpr int kRowT = Cfg::kRowThreads, kRowsPerPass = Cfg::kThreads / kRowT, kPasses = kN / kRowsPerPass;
   constexpr int kRawChunks = kDsMlaRowBytes / 16;
-  const int load_row = tid / kRowT, part = tid % kRowT;
+  constexpr int kBulkLanes = kN / (Cfg::kThreads / 32);
+  static_assert(kBulkLanes * (Cfg::kThreads / 32) == kN, "bulk rows: the same number per warp");
+  const bool bulk_lane = kBulk && lane < kBulkLanes;
+  const int load_row = kBulk ? kBulkLanes * warp + lane : tid / kRowT, part = tid % kRowT;
   auto fetch_slot = [&](int tile, int pass) {
-    return fetch_slot_ahead(work.idx_row, tile * kN + (kBulk ? tid : load_row + kRowsPerPass * pass), num_keys);
+    return fetch_slot_ahead(work.idx_row, tile * kN + load_row + kRowsPerPass * pass, num_keys);
   };
   int32_t next_slot[kPasses];
 #pragma unroll
-  for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = !kBulk || (pass == 0 && tid < kN) ? fetch_slot(tile_begin, pass) : -1;
+  for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = !kBulk || (pass == 0 && bulk_lane) ? fetch_slot(tile_begin, pass) : -1;
   const uint32_t block_size32 = block_size_u32(p);
   auto load_tile = [&](int tile, int valid_slot) {
     if constexpr (kBulk) {
-      // Thread r < 64 copies row r whole; an invalid row is zero-filled here (the dequantised
-      // tile must stay finite: P = 0 times V must be 0). Every row thread arrives once (the
-      // barrier counts 64 arrivals); valid rows add their bytes as transactions.
-      if (tid < kN) {
+      // Row load_row whole; an invalid row is zero-filled here (the dequantised tile must stay
+      // finite: P = 0 times V must be 0). Every row's lane arrives once (the barrier counts 64
+      // arrivals); valid rows add their bytes as transactions.
+      if (bulk_lane) {
         const int32_t slot = next_slot[0];
         const bool ok = slot >= 0 && slot < p.num_slots;
-        s_valid[valid_slot * kN + tid] = ok;
+        s_valid[valid_slot * kN + load_row] = ok;
         // (no fence here: every thread fences the async proxy after the tile's dequantisation)
-        bulk_ds_mla_row_or_zero_fill(p, cache, slot, ok, block_size32, s_raw + tid * kDsMlaRowBytes, bar);
+        bulk_ds_mla_row_or_zero_fill(p, cache, slot, ok, block_size32, s_raw + load_row * kDsMlaRowBytes, bar);
         next_slot[0] = fetch_slot(tile + 1, 0);
       }
     } else {
@@ -205,8 +210,9 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
   const sm90::SmemDesc q_desc = sm90::kmajor_sw128(sm80::smem_addr(s_q)), k_desc = sm90::kmajor_sw128(sm80::smem_addr(s_k));
   const sm90::SmemDesc v_desc = sm90::mnmajor_sw128(sm80::smem_addr(s_k), Cfg::kBlockBytes, 1024);
 
-  // One 64-key tile (K tile, s_scale and validity slot `vs` ready; all threads).
-  auto compute_tile = [&](int vs) {
+  // One 64-key tile (K tile, s_scale and validity slot `vs` ready; all threads). issue_next() runs
+  // once the first S MMAs are committed: the next tile's bulk copies go out while they run.
+  auto compute_tile = [&](int vs, auto&& issue_next) {
     // S partial of this warpgroup's dims: scale tiles tA = 2 wg and tB = 2 wg + 1 (dims 128 t ..
     // + 127 = blocks 2t, 2t + 1), each multiplied by its keys' scales, plus rope dims 32 wg .. + 31
     // (bf16, unscaled).
@@ -241,6 +247,7 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
       if (tt > 0) sm90::wgmma_fence();
       issue_tile(acc, t);
       sm90::wgmma_commit();
+      if (tt == 0) issue_next();
       sm90::wgmma_wait<0>();
       fence_regs(sc);
       fence_regs(acc);
@@ -379,9 +386,15 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
     dequant_tile();
     sm90::fence_proxy_async_smem();  // the generic stores of K (and of q') -> wgmma's async proxy
     __syncthreads();                 // K holds tile t; staging is free
-    if (t + 1 < num_tiles) load_tile(tile_begin + t + 1, (t + 1) & 1);
+    // Tile t + 1's rows into the staging buffer: bulk copies from inside compute_tile, after its
+    // first S MMAs are committed (issued before them, the copies held back the issuing warps'
+    // warpgroup, and the other one waited for it at the S exchange); cp.async copies here.
+    const bool load_next = t + 1 < num_tiles;
+    if (!kBulk && load_next) load_tile(tile_begin + t + 1, (t + 1) & 1);
     sm80::cp_async_commit();
-    compute_tile(t & 1);
+    compute_tile(t & 1, [&] {
+      if (kBulk && load_next) load_tile(tile_begin + t + 1, (t + 1) & 1);
+    });
   }
 
   // ---- epilogue -------------------------------------------------------------------------------
