@@ -2,9 +2,9 @@
 //
 // Same contract and grid as the portable 64-head kernel (csrc/sparse/README.md): one CTA = one
 // query token, 64 heads, one split of the top-k list; 256 threads; 64-key tiles gathered into one
-// staging buffer (one cp.async.bulk per 656-byte row, threads 0-63, completion counted by an
-// mbarrier; MLA_EXT_SPARSE_SM90=cpasync: the portable kernels' 16-byte cp.async, 8 threads per
-// row), then dequantised e4m3 -> fp16 (exact, no scale) into one K tile. What changes is the
+// staging buffer (one cp.async.bulk per 656-byte row, lanes 0-7 of every warp, completion counted
+// by an mbarrier; MLA_EXT_SPARSE_SM90=cpasync: the portable kernels' 16-byte cp.async, 8 threads
+// per row), then dequantised e4m3 -> fp16 (exact, no scale) into one K tile. What changes is the
 // math, which the portable kernel runs as mma.sync with ldmatrix of both operands per warp
 // (Nsight Compute: issue-bound around shared loads, ~430 KB of operand reads per tile):
 //
@@ -91,10 +91,10 @@ __device__ __forceinline__ uint32_t sw128_off(int r, int c) {
 // kBulk: rows gathered by one cp.async.bulk per row (64 threads issue, an mbarrier counts the
 // bytes) instead of 41 16-byte cp.async per row spread over 8 threads: Nsight Compute showed the
 // cp.async issue (LSU queue full: mio stalls, and the register reuse after it) as ~25% of the
-// stall samples; measured 621.5 vs 650.9 us (b128 s_q2 h_q128, same run, README.md). Its own cost
-// now: the compiler serialises the 32 copies of each of warps 0-1 (the copy takes uniform-register
-// operands), which delays warpgroup 0's S MMAs (~20% of the stall samples at 69f4edf); spreading
-// the rows over all 8 warps is the next thing to try.
+// stall samples; measured 621.5 vs 650.9 us (b128 s_q2 h_q128, same run, README.md). The compiler
+// serialises a warp's copies (the copy takes uniform-register operands): from threads 0-63 before the
+// S MMAs they delayed warpgroup 0's S (~20% of the stall samples at 69f4edf); now 8 per warp, issued
+// while the first S MMAs run (session 8: 606 / 617 -> 578 / 595 us).
 template <bool kBulk>
 __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
     sparse_decode_sm90_fp8_kernel(const __grid_constant__ SparseDecodeParams p) {
