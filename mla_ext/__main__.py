@@ -37,8 +37,12 @@ def _environment() -> bool:
     arch = f"sm{props.major}{props.minor}"
     print(f"GPU: {props.name}, {arch}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB")
     forced = os.environ.get("MLA_EXT_FORCE_PORTABLE", "0") not in ("", "0")
+    sm90 = (props.major, props.minor) == (9, 0) and not forced
     print("kernel paths: portable (mma.sync, cp.async) for every op"
-          + (" (MLA_EXT_FORCE_PORTABLE set)" if forced else "; sm90-specific: v_up's wgmma kernel (large T)"))
+          + (" (MLA_EXT_FORCE_PORTABLE set)" if forced else "")
+          + ("; sm90-specific: decode (fp8 caches with <= 16 rows: QK^T on wgmma, TMA tiles; 16-bit caches"
+             " with > 32 rows: wgmma), sparse fp8_ds_mla (wgmma for 64-head tiles, bulk-copy gather), v_up"
+             " (wgmma, large T)" if sm90 else ""))
     return True
 
 

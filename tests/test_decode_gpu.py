@@ -183,6 +183,60 @@ def test_out_buffers_and_force_portable(monkeypatch):
     check(inp, causal=True)
 
 
+@pytest.mark.parametrize("path", ["default", "portable64"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("lens,s_q,h_q,block_size", [
+    ([0, 1, 63, 64, 65, 300, 1000, 4097], 1, 128, 64),
+    ([0, 1, 63, 64, 65, 300, 1000, 4097], 2, 128, 61),
+    ([5, 64, 129, 2000], 3, 16, 1),
+    ([0, 17, 700], 1, 40, 16),
+    ([20000], 2, 64, 256),
+])
+def test_64_row_tiles(path, dtype, lens, s_q, h_q, block_size, monkeypatch):
+    """More than 32 query rows (s_q x h_q) per request with a 16-bit cache: 64-row tiles. On sm90 the
+    default runs them on wgmma (csrc/decode/sm90/decode_split_wgmma.cu), MLA_EXT_DECODE_WGMMA=0 on the
+    portable mma.sync kernel; both against the reference, causal and not, unused slots NaN, padded
+    pages, one request long enough to be split (partials + combine)."""
+    if path == "portable64":
+        monkeypatch.setenv("MLA_EXT_DECODE_WGMMA", "0")
+    inp = make_inputs(lens, s_q, h_q, block_size, "auto", dtype=dtype, page_pad=3 if block_size == 61 else 0, device="cuda")
+    check(inp, causal=True)
+    check(inp, causal=False)
+
+
+def test_small_wgmma_64_rows():
+    """Small case of the sm90 64-row wgmma kernel for the sanitizers (-k small): split and whole requests."""
+    inp = make_inputs([0, 1, 65, 130, 300], 2, 64, 16, "auto", device="cuda")
+    check(inp, causal=True)
+
+
+def _decode_kernels_run(fn):
+    """Names of the decode split kernels one call of fn launches (torch profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if "decode_split" in e.name}
+
+
+def test_wgmma_env_selects_kernel(monkeypatch):
+    """On sm90 the 64-row tiles of a bf16 cache run the wgmma kernel, MLA_EXT_DECODE_WGMMA=0 (and
+    MLA_EXT_FORCE_PORTABLE=1) the portable one: so "portable64" above tests what it names."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel is the sm90 path")
+    for var in ("MLA_EXT_DECODE_WGMMA", "MLA_EXT_FORCE_PORTABLE"):
+        monkeypatch.delenv(var, raising=False)
+    inp = make_inputs([300, 70], 1, 128, 64, "auto", device="cuda")
+    call = lambda: run_op(inp, True)  # noqa: E731
+    default = _decode_kernels_run(call)
+    monkeypatch.setenv("MLA_EXT_DECODE_WGMMA", "0")
+    portable = _decode_kernels_run(call)
+    assert len(default) == 1 and any("wgmma" in n for n in default), default
+    assert len(portable) == 1 and not any("wgmma" in n for n in portable), portable
+    monkeypatch.delenv("MLA_EXT_DECODE_WGMMA")
+    monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
+    assert _decode_kernels_run(call) == portable
+
+
 def test_cuda_graph_replay():
     """Capture plan + two layers' decode once; replay with new seq_lens values and cache contents."""
     b, s_q, h_q, fmt = 6, 2, 16, "fp8_ds_mla"

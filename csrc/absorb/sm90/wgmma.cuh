@@ -107,6 +107,16 @@ __device__ __forceinline__ void wgmma_m64n32k16_bf16(float (&d)[16], uint64_t de
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
 }
 
+// The fp16 twin of wgmma_m64n32k16_bf16 (same fragment layout).
+__device__ __forceinline__ void wgmma_m64n32k16_f16(float (&d)[16], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : MLA_WGMMA_D16(d, 0)
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
 // Descriptor of an MN-major 16-bit operand in the 128-byte swizzle (used for B = V in P V: the
 // rows of the tile are the K dimension, 64 consecutive N elements per 128-byte row). Canonical
 // layout: 8-row groups of 1024 bytes along K, `sbo` bytes apart; 64-element blocks along N,
@@ -144,6 +154,25 @@ __device__ __forceinline__ void wgmma_m64n128k16_f16_rs_mn(float (&d)[64], const
       "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
       : MLA_WGMMA_D64(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+// d[64 x 128] += a[64 x 16] * b[16 x 128], both in shared memory: A K-major, B MN-major (imm-trans-b
+// = 1; mnmajor_sw128_desc), bf16 (kBf16) or fp16 operands. Always accumulates.
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_m64n128k16_ss_mn(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+#define MLA_WGMMA_N128_SS_MN(TYPE)                                                                                     \
+  asm volatile(                                                                                                       \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                                   \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                                               \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+      "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "  \
+      "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, " \
+      "0, 1;\n}\n"                                                                                                   \
+      : MLA_WGMMA_D64(d)                                                                                              \
+      : "l"(desc_a), "l"(desc_b), "r"(1))
+  if constexpr (kBf16) MLA_WGMMA_N128_SS_MN("bf16");
+  else MLA_WGMMA_N128_SS_MN("f16");
+#undef MLA_WGMMA_N128_SS_MN
 }
 
 // d[64 x N] (+)= a[64 x 16] * b[16 x N] for N = 32, 64 or 128 (the overloads above).

@@ -22,8 +22,20 @@ void launch_decode_split(const DecodeParams& p);
 template <typename T, CacheFormat kFormat, bool kQkWgmma>
 void launch_decode_split_fp8(const DecodeParams& p);
 }  // namespace portable
+namespace hopper {
+// Defined in sm90/decode_split_wgmma.cu: 64-row tiles of a 16-bit cache with S and P V on wgmma.
+template <typename T>
+void launch_decode_split_wgmma(const DecodeParams& p);
+}  // namespace hopper
 
 namespace {
+
+// MLA_EXT_DECODE_WGMMA=0 keeps 64-row tiles of the 16-bit cache on the portable mma.sync kernel on
+// sm90 too (comparisons, tests; read per call).
+bool wgmma_64_rows_enabled() {
+  const char* v = std::getenv("MLA_EXT_DECODE_WGMMA");
+  return v == nullptr || v[0] != '0';
+}
 
 // Tensor maps for the sm90 fp8 kernel's TMA tile copies (DecodeParams::kv_map / scale_map): boxes
 // of min(64, block_size) rows, so a 64-key tile is whole pages (block sizes that are multiples of
@@ -74,7 +86,12 @@ void run_decode_split_portable(const DecodeParams& params, bool sm90) {
           }
           else return portable::launch_decode_split_fp8<scalar_t, kFormat, false>(p);
         case 32: return portable::launch_decode_split<scalar_t, kFormat, 32>(p);
-        case 64: return portable::launch_decode_split<scalar_t, kFormat, 64>(p);
+        case 64:
+          // sm90, 16-bit cache: the compute-bound tiles on wgmma.
+          if constexpr (kFormat == CacheFormat::kAuto) {
+            if (sm90 && wgmma_64_rows_enabled()) return hopper::launch_decode_split_wgmma<scalar_t>(p);
+          }
+          return portable::launch_decode_split<scalar_t, kFormat, 64>(p);
         default: throw std::runtime_error("mla_ext: unsupported decode block_m " + std::to_string(block_m));
       }
     });

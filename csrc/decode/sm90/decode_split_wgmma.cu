@@ -1,0 +1,299 @@
+// Dense split-KV MLA decode on sm90a for 64-row tiles over a 16-bit ('auto') cache: S = Q K^T and
+// O += P V on wgmma. The portable kernel (portable/decode_split.cuh) runs these compute-bound
+// shapes (h_q >= 64, or s_q x h_q > 32) on mma.sync at ~170 TFLOPS; everything around the math is
+// the same: schedule, pieces, masks, partials, epilogue.
+//
+// One CTA = 2 warpgroups = one part of the schedule x 64 query rows (row = s * h_q + h). Per
+// 64-key tile:
+//   load     cp.async, 4 threads per cache row through the block table (any block size; invalid
+//            pages and positions past the sequence zero-filled and flagged), straight into the
+//            wgmma layout: 9 blocks of [64 keys][64 dims] in the 128-byte swizzle. Two stages: tile
+//            i + 1 loads while tile i computes. Q likewise, once per piece (padding rows zero).
+//   S        warpgroup g: keys 32 g .. + 31 of all 64 rows over the 576 dims, 36 m64n32k16 with A = Q
+//            and B = K both K-major in shared memory (split over keys, not dims: no partial sums to
+//            exchange, which would not fit next to Q and two K stages).
+//   softmax  mask (select), row maxima of the two warpgroups meet in shared memory, exp2-domain
+//            online softmax (both warpgroups hold the same rows, so they keep identical m); P in
+//            q's type goes to shared memory as one [64 rows][64 keys] swizzled block.
+//   O += PV  warpgroup g: output dims 256 g .. + 255, two m64n128k16 per 16 keys with A = P
+//            (K-major) and B = V = the stage's first 512 dims read MN-major; O = 128 fp32 per thread.
+// Shared memory: Q 72 KB + 2 K stages 144 KB + P 8 KB + maxima / sums + flags = 225 KB.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <type_traits>
+
+#include "absorb/sm90/wgmma.cuh"
+#include "common/sm80.cuh"
+#include "decode/decode.h"
+#include "decode/portable/split_common.cuh"
+
+namespace mla::decode::hopper {
+
+using portable::cache_row;
+using sm80::cp_async16;
+using sm80::pack2;
+using sm80::smem_addr;
+
+struct WgmmaSplitConfig {
+  static constexpr int kRows = 64;        // query rows per CTA
+  static constexpr int kThreads = 256;    // 2 warpgroups
+  static constexpr int kStages = 2;
+  static constexpr int kBlockBytes = 64 * 128;          // [64 rows][64 dims] 16-bit: one swizzle block
+  static constexpr int kTileBytes = 9 * kBlockBytes;    // 576 dims
+  static constexpr int kRowChunks = 2 * kLatentDim / 16;  // 72 16-byte chunks per row
+  static constexpr int kLoadThreadsPerRow = kThreads / kBlockN;  // 4
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffK = kOffQ + kTileBytes;
+  static constexpr int kOffP = kOffK + kStages * kTileBytes;  // [64 rows][64 keys]: one block
+  static constexpr int kOffRed = kOffP + kBlockBytes;         // [2 warpgroups][64 rows] fp32
+  static constexpr int kOffFlags = kOffRed + 2 * kRows * 4;   // [stage][64 keys] bytes
+  static constexpr int kSmemBytes = kOffFlags + kStages * kBlockN;
+  static constexpr int kSmemLaunchBytes = kSmemBytes + 1024;  // + base alignment of the swizzle atoms
+  static_assert(kBlockN == 64 && kLoadThreadsPerRow * kBlockN == kThreads);
+  static_assert(kSmemLaunchBytes <= 227 * 1024, "shared memory budget of sm90");
+};
+
+// Byte offset of 16-byte chunk c (8 dims, 0..71) of row r in a Q or K tile (block c / 8, 128-byte
+// rows, chunk c % 8 XOR-swizzled by r % 8: what the descriptors' 128-byte swizzle reads).
+__device__ __forceinline__ uint32_t sw128(int r, int c) {
+  return static_cast<uint32_t>((c / 8) * WgmmaSplitConfig::kBlockBytes + r * 128 + (((c % 8) ^ (r % 8)) << 4));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wgmma_kernel(const __grid_constant__ DecodeParams p) {
+#if MLA_SM90A
+  using C = WgmmaSplitConfig;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* const smem = sm90::align_to_swizzle_atom(smem_raw);
+  float* const red = reinterpret_cast<float*>(smem + C::kOffRed);
+  uint8_t* const flags = smem + C::kOffFlags;
+  const uint32_t q_base = smem_addr(smem + C::kOffQ), k_base = smem_addr(smem + C::kOffK);
+  const uint32_t p_base = smem_addr(smem + C::kOffP);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, qd = lane % 4;
+  // Warpgroup through a shuffle: warp-uniform for the compiler, so the descriptors stay uniform.
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+  // This thread's accumulator rows (S and O alike): 16 (warp % 4) + lane / 4 + 8 h.
+  const int row_lo = 16 * (warp % 4) + lane / 4;
+  const int32_t* sched = p.schedule + blockIdx.x * kScheduleFields;
+  // Clamped: a hand-made schedule must not send a CTA outside the block table or the workspace.
+  const int begin_req = max(sched[kBeginReq], 0), begin_tile = max(sched[kBeginTile], 0);
+  const int end_req = min(sched[kEndReq], p.b - 1), end_tile = sched[kEndTile], begin_split = max(sched[kBeginSplit], 0);
+  const int row0 = blockIdx.y * C::kRows;
+  const int rows_here = min(C::kRows, p.num_rows - row0);
+  const float score_scale = p.softmax_scale_log2;
+  const int64_t max_kv = int64_t(p.max_blocks) * p.block_size;
+
+  const sm90::SmemDesc q_desc = sm90::kmajor_sw128(q_base), k_desc = sm90::kmajor_sw128(k_base);
+  const sm90::SmemDesc p_desc = sm90::kmajor_sw128(p_base);
+  // V = a K stage's first 512 dims as an MN-major operand: 64-dim blocks 8 KiB apart, 8-key groups 1 KiB apart.
+  const sm90::SmemDesc v_desc = sm90::mnmajor_sw128(k_base, C::kBlockBytes, 1024);
+
+  for (int req = begin_req; req <= end_req; ++req) {
+    const int seq_len = max(p.seq_lens[req], 0);
+    const int kv_len = static_cast<int>(seq_len < max_kv ? seq_len : max_kv);  // past the table: invalid
+    const int tile_begin = req == begin_req ? begin_tile : 0;
+    const int tile_end = min(req == end_req ? end_tile : key_tiles(seq_len), key_tiles(kv_len));
+    const int num_tiles = max(tile_end - tile_begin, 0);
+    const int32_t* bt = p.block_table + req * p.stride_block_table_b;
+
+    // How many leading keys each of this thread's two rows may see (0 for padding rows).
+    int lim[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row_lo + 8 * h;
+      const int s = (row0 + r) / p.h_q;
+      lim[h] = r >= rows_here ? 0 : p.causal ? min(max(seq_len - p.s_q + 1 + s, 0), seq_len) : seq_len;
+    }
+
+    // cp.async of tile t (relative to the request) into stage `stage`: thread -> row tid / 4.
+    auto load_tile = [&](int t, int stage) {
+      const int r = tid / C::kLoadThreadsPerRow, sub = tid % C::kLoadThreadsPerRow;
+      const uint8_t* row = cache_row(p, bt, t * kBlockN + r, kv_len);
+      const bool ok = row != nullptr;
+      const uint8_t* src = ok ? row : static_cast<const uint8_t*>(p.kv_cache);  // any valid address
+      if (sub == 0) flags[stage * kBlockN + r] = ok;
+      const uint32_t dst = k_base + stage * C::kTileBytes;
+#pragma unroll
+      for (int c = sub; c < C::kRowChunks; c += C::kLoadThreadsPerRow) cp_async16(dst + sw128(r, c), src + 16 * c, ok);
+    };
+
+    if (num_tiles > 0) {
+      const T* q = static_cast<const T*>(p.q) + req * p.stride_q_b;
+      for (int c = tid; c < C::kRows * C::kRowChunks; c += C::kThreads) {
+        const int r = c / C::kRowChunks, ch = c % C::kRowChunks;
+        const bool ok = r < rows_here;
+        const int s = (row0 + r) / p.h_q, h = (row0 + r) % p.h_q;
+        const T* src = ok ? q + s * p.stride_q_s + h * p.stride_q_h + 8 * ch : q;
+        cp_async16(q_base + sw128(r, ch), src, ok);
+      }
+      load_tile(tile_begin, 0);
+      sm80::cp_async_commit();
+    }
+
+    float o[2][64];  // output dims 256 wg + 128 v + 8 j + 2 qd + (e % 2), rows row_lo + 8 (e / 2): o[v][4 j + e]
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int v = 0; v < 2; ++v)
+#pragma unroll
+      for (int e = 0; e < 64; ++e) o[v][e] = 0.f;
+
+    for (int i = 0; i < num_tiles; ++i) {
+      const int stage = i % C::kStages;
+      sm80::cp_async_wait<0>();
+      sm90::fence_proxy_async_smem();  // cp.async data (generic proxy) -> wgmma's async proxy
+      __syncthreads();  // tile i landed for everyone; everyone is done with tile i - 1 (its stage, P)
+      if (i + 1 < num_tiles) load_tile(tile_begin + i + 1, stage ^ 1);
+      sm80::cp_async_commit();
+      const uint32_t k_off = stage * C::kTileBytes;
+
+      // ---- S for keys 32 wg .. + 31: s[4 j + e] = row row_lo + 8 (e / 2), key 32 wg + 8 j + 2 qd + e % 2.
+      float s[16];
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int b = 0; b < 9; ++b)
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          const uint64_t da = q_desc.at(b * C::kBlockBytes + 32 * ks);
+          const uint64_t db = k_desc.at(k_off + b * C::kBlockBytes + 32 * 128 * wg + 32 * ks);
+          if constexpr (kBf16) sm90::wgmma_m64n32k16_bf16(s, da, db, b + ks > 0);
+          else sm90::wgmma_m64n32k16_f16(s, da, db, b + ks > 0);
+        }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+#pragma unroll
+      for (int e = 0; e < 16; ++e) sm90::fence_operand(s[e]);
+
+      // ---- mask (select: a masked score never becomes NaN), exp2-domain scale, row maxima.
+      const int key_lo = 32 * wg + 2 * qd;                       // + 8 j + e % 2
+      const int pos_lo = (tile_begin + i) * kBlockN + key_lo;    // its position in the sequence
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const bool ok = flags[stage * kBlockN + key_lo + 8 * j + c] != 0;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float& v = s[4 * j + 2 * h + c];
+            v = (ok && pos_lo + 8 * j + c < lim[h]) ? v * score_scale : -INFINITY;
+            mx[h] = fmaxf(mx[h], v);
+          }
+        }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        if (qd == 0) red[wg * C::kRows + row_lo + 8 * h] = mx[h];
+      }
+      __syncthreads();
+
+      // ---- online softmax: P = exp2(s - m) in T to shared memory, O *= exp2(m_old - m).
+      float alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row_lo + 8 * h;
+        const float m_new = fmaxf(m[h], fmaxf(red[r], red[C::kRows + r]));
+        const float base = m_new == -INFINITY ? 0.f : m_new;  // rows with nothing seen yet stay at 0
+        alpha[h] = exp2f(m[h] - base);
+        m[h] = m_new;
+        l[h] *= alpha[h];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float p0 = exp2f(s[4 * j + 2 * h] - base), p1 = exp2f(s[4 * j + 2 * h + 1] - base);
+          l[h] += p0 + p1;
+          const int key = key_lo + 8 * j;  // chunk key / 8 = 4 wg + j of row r
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(p_base + r * 128 + (((4 * wg + j) ^ (r % 8)) << 4) + 2 * (key % 8)),
+                       "r"(pack2<T>(p0, p1)));
+        }
+      }
+      if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
+#pragma unroll
+        for (int v = 0; v < 2; ++v)
+#pragma unroll
+          for (int e = 0; e < 64; ++e) o[v][e] *= alpha[(e % 4) / 2];
+      }
+      sm90::fence_proxy_async_smem();  // P's st.shared -> wgmma
+      __syncthreads();                 // P of both warpgroups written
+
+      // ---- O[:, 256 wg ..] += P V: keys 16 ks .. + 15, dims 256 wg + 128 v .. + 127 (blocks 4 wg + 2 v, + 1).
+#pragma unroll
+      for (int v = 0; v < 2; ++v)
+#pragma unroll
+        for (int e = 0; e < 64; ++e) sm90::fence_operand(o[v][e]);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int v = 0; v < 2; ++v)
+#pragma unroll
+        for (int ks = 0; ks < kBlockN / 16; ++ks)
+          sm90::wgmma_m64n128k16_ss_mn<kBf16>(o[v], p_desc.at(32 * ks), v_desc.at(k_off + (4 * wg + 2 * v) * C::kBlockBytes + 16 * 128 * ks));
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();  // K stage and P are rewritten after the next barrier
+#pragma unroll
+      for (int v = 0; v < 2; ++v)
+#pragma unroll
+        for (int e = 0; e < 64; ++e) sm90::fence_operand(o[v][e]);
+    }
+    sm80::cp_async_wait<0>();
+
+    // ---- finish the piece: row sums over the quad and both warpgroups, then write (red was last
+    // read before the previous barrier, so it can take the sums at once).
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = l[h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (qd == 0) red[wg * C::kRows + row_lo + 8 * h] = sum;
+    }
+    __syncthreads();
+    const int num_splits = p.split_info[req * kSplitInfoFields + 0];
+    const int64_t slot = num_splits > 1 ? int64_t(p.split_info[req * kSplitInfoFields + 1]) + (req == begin_req ? begin_split : 0) : 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row_lo + 8 * h;
+      if (r >= rows_here || slot < 0 || slot >= p.max_partials) continue;  // (a hand-made plan's bad slot)
+      const float total = red[r] + red[C::kRows + r];
+      // total == 0: nothing attended (out 0, lse -inf); NaN (NaN in attended rows) propagates.
+      const float inv = total == 0.f ? 0.f : 1.f / total;
+      const float lse2 = total == 0.f ? -INFINITY : m[h] + log2f(total);
+      const int g = row0 + r, sq = g / p.h_q, hq = g % p.h_q;
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        const int d0 = 256 * wg + 128 * v + 2 * qd;
+        if (num_splits <= 1) {
+          T* dst = static_cast<T*>(p.out) + req * p.stride_out_b + sq * p.stride_out_s + hq * p.stride_out_h + d0;
+#pragma unroll
+          for (int j = 0; j < 16; ++j)
+            *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack2<T>(o[v][4 * j + 2 * h] * inv, o[v][4 * j + 2 * h + 1] * inv);
+        } else {
+          float* dst = p.partial_o + (slot * p.num_rows + g) * kKvLoraRank + d0;
+#pragma unroll
+          for (int j = 0; j < 16; ++j)
+            *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[v][4 * j + 2 * h] * inv, o[v][4 * j + 2 * h + 1] * inv);
+        }
+      }
+      if (wg == 0 && qd == 0) {
+        if (num_splits <= 1) p.lse[req * p.stride_lse_b + hq * p.stride_lse_h + sq * p.stride_lse_s] = lse2 * kLn2;
+        else p.partial_lse[slot * p.num_rows + g] = lse2;
+      }
+    }
+    __syncthreads();  // the next piece reuses every shared buffer
+  }
+#else
+  __trap();  // launched on sm90 only
+#endif
+}
+
+template <typename T>
+void launch_decode_split_wgmma(const DecodeParams& p) {
+  using C = WgmmaSplitConfig;
+  portable::launch_split_kernel(&decode_split_wgmma_kernel<T>, C::kThreads, C::kSmemLaunchBytes, "sm90 wgmma decode kernel", p);
+}
+
+template void launch_decode_split_wgmma<__nv_bfloat16>(const DecodeParams&);
+template void launch_decode_split_wgmma<__half>(const DecodeParams&);
+
+}  // namespace mla::decode::hopper
