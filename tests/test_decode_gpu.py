@@ -204,9 +204,12 @@ def test_64_row_tiles(path, dtype, lens, s_q, h_q, block_size, monkeypatch):
     check(inp, causal=False)
 
 
-def test_small_wgmma_64_rows():
-    """Small case of the sm90 64-row wgmma kernel for the sanitizers (-k small): split and whole requests."""
-    inp = make_inputs([0, 1, 65, 130, 300], 2, 64, 16, "auto", device="cuda")
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_small_wgmma_64_rows(block_size):
+    """Small cases of the sm90 64-row wgmma kernel for the sanitizers (-k small): split and whole
+    requests, rows past the sequence in the last tile (cp.async at block size 16; at 64, TMA pages
+    whose unused rows hold NaN and are zeroed)."""
+    inp = make_inputs([0, 1, 65, 130, 300], 2, 64, block_size, "auto", device="cuda")
     check(inp, causal=True)
 
 

@@ -37,7 +37,8 @@ bool wgmma_64_rows_enabled() {
   return v == nullptr || v[0] != '0';
 }
 
-// Tensor maps for the sm90 fp8 kernel's TMA tile copies (DecodeParams::kv_map / scale_map): boxes
+// Tensor maps for the TMA tile copies of the sm90 kernels (the fp8 16-row kernel and the 16-bit
+// 64-row wgmma kernel, which uses them for whole pages only; DecodeParams::kv_map / scale_map): boxes
 // of min(64, block_size) rows, so a 64-key tile is whole pages (block sizes that are multiples of
 // 64, or 8, 16, 32: pages of whole 1024-byte swizzle atoms), and only where the driver takes the
 // cache's strides (multiples of 16 bytes, 16-byte aligned base); otherwise the kernel copies rows
@@ -60,7 +61,7 @@ bool make_tile_maps(DecodeParams& p) {
     return sm90::make_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, swizzle, base, 3, dims, strides, box);
   };
   // Rows in 128-byte boxes, swizzled as wgmma reads them; fp8_ds_mla's 16 scale bytes per row plain.
-  const uint64_t row_bytes = ds ? kDsMlaRowBytes : kLatentDim;
+  const uint64_t row_bytes = ds ? kDsMlaRowBytes : p.format == CacheFormat::kAuto ? 2 * kLatentDim : kLatentDim;
   if (!make(&p.kv_map, p.kv_cache, row_bytes, 128, CU_TENSOR_MAP_SWIZZLE_128B)) return false;
   return !ds || make(&p.scale_map, static_cast<const uint8_t*>(p.kv_cache) + kDsMlaScaleOffset, 16, 16, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
@@ -89,7 +90,10 @@ void run_decode_split_portable(const DecodeParams& params, bool sm90) {
         case 64:
           // sm90, 16-bit cache: the compute-bound tiles on wgmma.
           if constexpr (kFormat == CacheFormat::kAuto) {
-            if (sm90 && wgmma_64_rows_enabled()) return hopper::launch_decode_split_wgmma<scalar_t>(p);
+            if (sm90 && wgmma_64_rows_enabled()) {
+              p.tma_tiles = make_tile_maps(p);  // used for whole-page tiles, else cp.async
+              return hopper::launch_decode_split_wgmma<scalar_t>(p);
+            }
           }
           return portable::launch_decode_split<scalar_t, kFormat, 64>(p);
         default: throw std::runtime_error("mla_ext: unsupported decode block_m " + std::to_string(block_m));

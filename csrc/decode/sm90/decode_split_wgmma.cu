@@ -24,6 +24,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "absorb/sm90/tma.cuh"
 #include "absorb/sm90/wgmma.cuh"
 #include "common/sm80.cuh"
 #include "decode/decode.h"
@@ -31,6 +32,7 @@
 
 namespace mla::decode::hopper {
 
+using portable::cache_page;
 using portable::cache_row;
 using sm80::cp_async16;
 using sm80::pack2;
@@ -48,10 +50,11 @@ struct WgmmaSplitConfig {
   static constexpr int kOffK = kOffQ + kTileBytes;
   static constexpr int kOffP = kOffK + kStages * kTileBytes;  // [64 rows][64 keys]: one block
   static constexpr int kOffRed = kOffP + kBlockBytes;         // [2 warpgroups][64 rows] fp32
-  static constexpr int kOffFlags = kOffRed + 2 * kRows * 4;   // [stage][64 keys] bytes
-  static constexpr int kSmemBytes = kOffFlags + kStages * kBlockN;
+  static constexpr int kOffFlags = kOffRed + 2 * kRows * 4;   // [stage][64 keys] bytes, then [stage] "some row invalid"
+  static constexpr int kOffBars = kOffFlags + kStages * kBlockN + 16;  // kTma: an mbarrier per stage
+  static constexpr int kSmemBytes = kOffBars + 8 * kStages;
   static constexpr int kSmemLaunchBytes = kSmemBytes + 1024;  // + base alignment of the swizzle atoms
-  static_assert(kBlockN == 64 && kLoadThreadsPerRow * kBlockN == kThreads);
+  static_assert(kBlockN == 64 && kLoadThreadsPerRow * kBlockN == kThreads && kOffBars % 8 == 0);
   static_assert(kSmemLaunchBytes <= 227 * 1024, "shared memory budget of sm90");
 };
 
@@ -61,7 +64,11 @@ __device__ __forceinline__ uint32_t sw128(int r, int c) {
   return static_cast<uint32_t>((c / 8) * WgmmaSplitConfig::kBlockBytes + r * 128 + (((c % 8) ^ (r % 8)) << 4));
 }
 
-template <typename T>
+// kTma (block sizes that are multiples of 64, cache strides TMA accepts: DecodeParams::kv_map): a
+// K tile is one page, copied by thread 0 as nine [64 rows][128 B] boxes that land in exactly the
+// layout above, counted on the stage's mbarrier, and issued once the current tile's S MMAs are
+// committed (so that the issue does not delay them). Else cp.async at the top of the tile.
+template <typename T, bool kTma>
 __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wgmma_kernel(const __grid_constant__ DecodeParams p) {
 #if MLA_SM90A
   using C = WgmmaSplitConfig;
@@ -72,6 +79,8 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
   uint8_t* const flags = smem + C::kOffFlags;
   const uint32_t q_base = smem_addr(smem + C::kOffQ), k_base = smem_addr(smem + C::kOffK);
   const uint32_t p_base = smem_addr(smem + C::kOffP);
+  const uint32_t bars = smem_addr(smem + C::kOffBars);
+  uint32_t bar_phase = 0;  // kTma: parity of each stage's mbarrier (bit = stage), across pieces
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, qd = lane % 4;
   // Warpgroup through a shuffle: warp-uniform for the compiler, so the descriptors stay uniform.
@@ -91,6 +100,13 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
   const sm90::SmemDesc p_desc = sm90::kmajor_sw128(p_base);
   // V = a K stage's first 512 dims as an MN-major operand: 64-dim blocks 8 KiB apart, 8-key groups 1 KiB apart.
   const sm90::SmemDesc v_desc = sm90::mnmajor_sw128(k_base, C::kBlockBytes, 1024);
+  if constexpr (kTma) {
+    if (tid == 0) {
+      for (int st = 0; st < C::kStages; ++st) sm90::mbar_init(bars + 8 * st, 1);
+      sm90::mbar_init_fence();
+    }
+    __syncthreads();
+  }
 
   for (int req = begin_req; req <= end_req; ++req) {
     const int seq_len = max(p.seq_lens[req], 0);
@@ -109,8 +125,29 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
       lim[h] = r >= rows_here ? 0 : p.causal ? min(max(seq_len - p.s_q + 1 + s, 0), seq_len) : seq_len;
     }
 
-    // cp.async of tile t (relative to the request) into stage `stage`: thread -> row tid / 4.
-    auto load_tile = [&](int t, int stage) {
+    // Tile t (relative to the request) into stage `stage`. kTma: threads 0-63 flag their key, thread 0
+    // copies the page (page: its block-table entry, read a tile ahead by threads 0-63) or, when the page
+    // id is out of range, arrives without bytes (the rows are zeroed after the wait). Else cp.async:
+    // thread -> row tid / 4, invalid rows zero-filled.
+    auto load_tile = [&](int t, int stage, int page) {
+      if constexpr (kTma) {
+        const int k0 = t * kBlockN;
+        const bool page_ok = page >= 0 && page < p.num_blocks;
+        if (tid < kBlockN) flags[stage * kBlockN + tid] = page_ok && k0 + tid < kv_len;
+        if (tid == 0) {
+          flags[C::kStages * kBlockN + stage] = !page_ok || k0 + kBlockN > kv_len;
+          const uint32_t bar = bars + 8 * stage, dst = k_base + stage * C::kTileBytes;
+          if (page_ok) {
+            sm90::mbar_arrive_expect_tx(bar, C::kTileBytes);
+            const int row = p.block_div.mod(k0, p.block_div.div(k0));
+#pragma unroll
+            for (int b = 0; b < 9; ++b) sm90::tma_load_3d(dst + b * C::kBlockBytes, &p.kv_map, bar, 128 * b, row, page);
+          } else {
+            sm90::mbar_arrive(bar);
+          }
+        }
+        return;
+      }
       const int r = tid / C::kLoadThreadsPerRow, sub = tid % C::kLoadThreadsPerRow;
       const uint8_t* row = cache_row(p, bt, t * kBlockN + r, kv_len);
       const bool ok = row != nullptr;
@@ -130,9 +167,14 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
         const T* src = ok ? q + s * p.stride_q_s + h * p.stride_q_h + 8 * ch : q;
         cp_async16(q_base + sw128(r, ch), src, ok);
       }
-      load_tile(tile_begin, 0);
+      load_tile(tile_begin, 0, kTma && tid < kBlockN ? cache_page(p, bt, tile_begin * kBlockN, kv_len) : -1);
       sm80::cp_async_commit();
     }
+    // kTma, threads 0-63: the page of the next tile to copy (its row flags need it too).
+    int next_page = kTma && tid < kBlockN && num_tiles > 1 ? cache_page(p, bt, (tile_begin + 1) * kBlockN, kv_len) : -1;
+    // kTma: the first tile's row flags are read before the loop's first barrier (which rows to zero);
+    // later tiles' are written two barriers ahead of their use.
+    if constexpr (kTma) __syncthreads();
 
     float o[2][64];  // output dims 256 wg + 128 v + 8 j + 2 qd + (e % 2), rows row_lo + 8 (e / 2): o[v][4 j + e]
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -143,12 +185,26 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
 
     for (int i = 0; i < num_tiles; ++i) {
       const int stage = i % C::kStages;
-      sm80::cp_async_wait<0>();
-      sm90::fence_proxy_async_smem();  // cp.async data (generic proxy) -> wgmma's async proxy
-      __syncthreads();  // tile i landed for everyone; everyone is done with tile i - 1 (its stage, P)
-      if (i + 1 < num_tiles) load_tile(tile_begin + i + 1, stage ^ 1);
-      sm80::cp_async_commit();
       const uint32_t k_off = stage * C::kTileBytes;
+      sm80::cp_async_wait<0>();  // (kTma: Q, first piece tile only)
+      if constexpr (kTma) {
+        sm90::mbar_wait(bars + 8 * stage, (bar_phase >> stage) & 1);
+        bar_phase ^= 1u << stage;
+        // Rows past the sequence hold whatever the page holds (NaN in unused slots), an invalid
+        // page's the stage's previous tile: their scores are masked, but P = 0 times a NaN value
+        // is NaN, so they are zeroed (rare: the last tile of a sequence).
+        if (flags[C::kStages * kBlockN + stage]) {
+          for (int idx = tid; idx < kBlockN * C::kRowChunks; idx += C::kThreads) {
+            const int r = idx / C::kRowChunks;
+            if (!flags[stage * kBlockN + r])
+              *reinterpret_cast<uint4*>(smem + C::kOffK + k_off + sw128(r, idx % C::kRowChunks)) = make_uint4(0u, 0u, 0u, 0u);
+          }
+        }
+      }
+      sm90::fence_proxy_async_smem();  // cp.async data / zeroed rows (generic proxy) -> wgmma's async proxy
+      __syncthreads();  // tile i landed for everyone; everyone is done with tile i - 1 (its stage, P)
+      if (!kTma && i + 1 < num_tiles) load_tile(tile_begin + i + 1, stage ^ 1, -1);
+      sm80::cp_async_commit();
 
       // ---- S for keys 32 wg .. + 31: s[4 j + e] = row row_lo + 8 (e / 2), key 32 wg + 8 j + 2 qd + e % 2.
       float s[16];
@@ -163,6 +219,10 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
           else sm90::wgmma_m64n32k16_f16(s, da, db, b + ks > 0);
         }
       sm90::wgmma_commit();
+      if (kTma && i + 1 < num_tiles) {  // while the S MMAs run
+        load_tile(tile_begin + i + 1, stage ^ 1, next_page);
+        if (tid < kBlockN && i + 2 < num_tiles) next_page = cache_page(p, bt, (tile_begin + i + 2) * kBlockN, kv_len);
+      }
       sm90::wgmma_wait<0>();
 #pragma unroll
       for (int e = 0; e < 16; ++e) sm90::fence_operand(s[e]);
@@ -198,12 +258,12 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
         const int r = row_lo + 8 * h;
         const float m_new = fmaxf(m[h], fmaxf(red[r], red[C::kRows + r]));
         const float base = m_new == -INFINITY ? 0.f : m_new;  // rows with nothing seen yet stay at 0
-        alpha[h] = exp2f(m[h] - base);
+        alpha[h] = m_new == m[h] ? 1.f : sm80::fast_exp2(m[h] - base);  // exactly 1: the rescale is skipped
         m[h] = m_new;
         l[h] *= alpha[h];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const float p0 = exp2f(s[4 * j + 2 * h] - base), p1 = exp2f(s[4 * j + 2 * h + 1] - base);
+          const float p0 = sm80::fast_exp2(s[4 * j + 2 * h] - base), p1 = sm80::fast_exp2(s[4 * j + 2 * h + 1] - base);
           l[h] += p0 + p1;
           const int key = key_lo + 8 * j;  // chunk key / 8 = 4 wg + j of row r
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(p_base + r * 128 + (((4 * wg + j) ^ (r % 8)) << 4) + 2 * (key % 8)),
@@ -290,7 +350,10 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
 template <typename T>
 void launch_decode_split_wgmma(const DecodeParams& p) {
   using C = WgmmaSplitConfig;
-  portable::launch_split_kernel(&decode_split_wgmma_kernel<T>, C::kThreads, C::kSmemLaunchBytes, "sm90 wgmma decode kernel", p);
+  if (p.tma_tiles && p.tma_box_rows == kBlockN)
+    portable::launch_split_kernel(&decode_split_wgmma_kernel<T, true>, C::kThreads, C::kSmemLaunchBytes, "sm90 wgmma decode kernel", p);
+  else
+    portable::launch_split_kernel(&decode_split_wgmma_kernel<T, false>, C::kThreads, C::kSmemLaunchBytes, "sm90 wgmma decode kernel", p);
 }
 
 template void launch_decode_split_wgmma<__nv_bfloat16>(const DecodeParams&);
