@@ -67,14 +67,21 @@ def test_ds_mla_arbitrary_scales(h_q):
     inp = make_inputs([3, 300, 2000], 1, h_q, 64, "fp8_ds_mla", device="cuda", arbitrary_scales=True)
     if h_q <= 16:
         check(inp, causal=True)
-        return
-    out, lse = run_op(inp, True)
-    rounded = dict(inp, kv_cache=reference.dequantize_cache(inp["kv_cache"], "fp8_ds_mla").to(torch.bfloat16),
+    else:
+        check_rounded_tiles(inp, causal=True)
+
+
+def check_rounded_tiles(inp, causal, **kw):
+    """fp8_ds_mla with non-power-of-two scales on 32/64-row tiles: kv_c * scale is rounded once to q's
+    type for the MMAs, so the result must match the reference on that rounded cache tightly and the
+    exact reference within that rounding."""
+    out, lse = run_op(inp, causal, **kw)
+    rounded = dict(inp, kv_cache=reference.dequantize_cache(inp["kv_cache"], "fp8_ds_mla").to(inp["q"].dtype),
                    kv_cache_dtype="auto")
-    ref_out, ref_lse = run_reference(rounded, True)
+    ref_out, ref_lse = run_reference(rounded, causal)
     assert_close(out, ref_out, cos_tol=2e-5, atol=2e-2, rtol=2e-2, name="out")
     assert_close(lse, ref_lse, cos_tol=1e-7, atol=2e-3, rtol=1e-4, name="lse")
-    exact_out, exact_lse = run_reference(inp, True)
+    exact_out, exact_lse = run_reference(inp, causal)
     assert_close(out, exact_out, cos_tol=1e-4, atol=5e-2, rtol=5e-2, name="out vs exact")
     assert_close(lse, exact_lse, cos_tol=1e-6, atol=3e-2, rtol=1e-3, name="lse vs exact")
 
@@ -183,6 +190,7 @@ def test_out_buffers_and_force_portable(monkeypatch):
     check(inp, causal=True)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("path", ["default", "portable64"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("lens,s_q,h_q,block_size", [
@@ -192,25 +200,33 @@ def test_out_buffers_and_force_portable(monkeypatch):
     ([0, 17, 700], 1, 40, 16),
     ([20000], 2, 64, 256),
 ])
-def test_64_row_tiles(path, dtype, lens, s_q, h_q, block_size, monkeypatch):
-    """More than 32 query rows (s_q x h_q) per request with a 16-bit cache: 64-row tiles. On sm90 the
-    default runs them on wgmma (csrc/decode/sm90/decode_split_wgmma.cu), MLA_EXT_DECODE_WGMMA=0 on the
-    portable mma.sync kernel; both against the reference, causal and not, unused slots NaN, padded
-    pages, one request long enough to be split (partials + combine)."""
+def test_64_row_tiles(fmt, path, dtype, lens, s_q, h_q, block_size, monkeypatch):
+    """More than 32 query rows (s_q x h_q) per request: 64-row tiles. On sm90 the default runs them on
+    wgmma (csrc/decode/sm90/decode_split_wgmma.cu; 16-bit cache pages by TMA at block sizes 64 and
+    256, fp8 formats dequantised), MLA_EXT_DECODE_WGMMA=0 on the portable mma.sync kernel; both
+    against the reference, causal and not, unused slots NaN, padded pages, fp8_ds_mla scales that are
+    not powers of two, one request long enough to be split (partials + combine)."""
     if path == "portable64":
         monkeypatch.setenv("MLA_EXT_DECODE_WGMMA", "0")
-    inp = make_inputs(lens, s_q, h_q, block_size, "auto", dtype=dtype, page_pad=3 if block_size == 61 else 0, device="cuda")
-    check(inp, causal=True)
-    check(inp, causal=False)
+    inp = make_inputs(lens, s_q, h_q, block_size, fmt, dtype=dtype, page_pad=3 if block_size == 61 else 0,
+                      arbitrary_scales=fmt == "fp8_ds_mla", device="cuda")
+    for causal in (True, False):
+        if fmt == "fp8_ds_mla":
+            check_rounded_tiles(inp, causal)
+        else:
+            check(inp, causal)
 
 
-@pytest.mark.parametrize("block_size", [16, 64])
-def test_small_wgmma_64_rows(block_size):
+@pytest.mark.parametrize("fmt,block_size", [("auto", 16), ("auto", 64), ("fp8_ds_mla", 16)])
+def test_small_wgmma_64_rows(fmt, block_size):
     """Small cases of the sm90 64-row wgmma kernel for the sanitizers (-k small): split and whole
     requests, rows past the sequence in the last tile (cp.async at block size 16; at 64, TMA pages
-    whose unused rows hold NaN and are zeroed)."""
-    inp = make_inputs([0, 1, 65, 130, 300], 2, 64, block_size, "auto", device="cuda")
-    check(inp, causal=True)
+    whose unused rows hold NaN and are zeroed; fp8_ds_mla through the staging buffer)."""
+    inp = make_inputs([0, 1, 65, 130, 300], 2, 64, block_size, fmt, arbitrary_scales=fmt == "fp8_ds_mla", device="cuda")
+    if fmt == "fp8_ds_mla":
+        check_rounded_tiles(inp, causal=True)
+    else:
+        check(inp, causal=True)
 
 
 def _decode_kernels_run(fn):
@@ -221,14 +237,15 @@ def _decode_kernels_run(fn):
     return {e.name for e in prof.events() if "decode_split" in e.name}
 
 
-def test_wgmma_env_selects_kernel(monkeypatch):
-    """On sm90 the 64-row tiles of a bf16 cache run the wgmma kernel, MLA_EXT_DECODE_WGMMA=0 (and
-    MLA_EXT_FORCE_PORTABLE=1) the portable one: so "portable64" above tests what it names."""
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_wgmma_env_selects_kernel(fmt, monkeypatch):
+    """On sm90 64-row tiles run the wgmma kernel, MLA_EXT_DECODE_WGMMA=0 (and MLA_EXT_FORCE_PORTABLE=1)
+    the portable one: so "portable64" above tests what it names."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel is the sm90 path")
     for var in ("MLA_EXT_DECODE_WGMMA", "MLA_EXT_FORCE_PORTABLE"):
         monkeypatch.delenv(var, raising=False)
-    inp = make_inputs([300, 70], 1, 128, 64, "auto", device="cuda")
+    inp = make_inputs([300, 70], 1, 128, 64, fmt, device="cuda")
     call = lambda: run_op(inp, True)  # noqa: E731
     default = _decode_kernels_run(call)
     monkeypatch.setenv("MLA_EXT_DECODE_WGMMA", "0")

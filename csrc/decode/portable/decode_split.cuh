@@ -128,6 +128,62 @@ __device__ __forceinline__ uint4 dequant8_e4m3(uint2 raw, float scale) {
   return r;
 }
 
+// One cache row of an fp8 format, staged raw in shared memory at `row`, dequantised into 16-bit
+// row r of a tile by the 4 threads of the row (sub = 0..3): raw 16-byte chunks rc = sub + 4 j (16
+// e4m3 -> output chunks 2 rc, 2 rc + 1), so every branch and the fp8_ds_mla tile of each chunk
+// (rc / 8 = j / 2) are compile-time; loads go out in small batches (registers). fp8: unscaled
+// (the per-tensor scale multiplies the scores and the output instead; exact); fp8_ds_mla: times
+// its tile's fp32 scale, then k_pe (bf16 in the row). `offset(r, chunk)`: the byte offset of 16-byte
+// output chunk `chunk` of row r in the tile (the tile's layout: swizzled rows here, the wgmma
+// blocks in sm90/decode_split_wgmma.cu).
+template <typename T, CacheFormat kFormat, typename Offset>
+__device__ __forceinline__ void dequant_row_to_tile(const uint8_t* row, uint8_t* tile, int r, int sub, Offset offset) {
+  constexpr int kRaw16 = (kFormat == CacheFormat::kFp8 ? kLatentDim : kKvLoraRank) / 16 / 4;
+  constexpr int kBatch = 3;
+  static_assert(kRaw16 % kBatch == 0 || kRaw16 == 8);
+  float tile_scale[kDsMlaNumTiles];
+  if constexpr (kFormat == CacheFormat::kFp8DsMla) {
+#pragma unroll
+    for (int t = 0; t < kDsMlaNumTiles; ++t) tile_scale[t] = *reinterpret_cast<const float*>(row + kDsMlaScaleOffset + 4 * t);
+  }
+#pragma unroll
+  for (int j0 = 0; j0 < kRaw16; j0 += kBatch) {
+    uint4 raw16[kBatch];
+#pragma unroll
+    for (int j = j0; j < j0 + kBatch; ++j)
+      if (j < kRaw16) raw16[j - j0] = *reinterpret_cast<const uint4*>(row + 16 * (sub + 4 * j));
+#pragma unroll
+    for (int j = j0; j < j0 + kBatch; ++j) {
+      if (j >= kRaw16) break;
+      const int rc = sub + 4 * j;
+      // fp8: the per-tensor scale is applied to the scores and the output instead (exact).
+      const float sc = kFormat == CacheFormat::kFp8DsMla ? tile_scale[j / 2] : 1.f;
+      const uint4 v = raw16[j - j0];
+      *reinterpret_cast<uint4*>(tile + offset(r, 2 * rc)) =
+          dequant8_e4m3<T, kFormat == CacheFormat::kFp8DsMla>(make_uint2(v.x, v.y), sc);
+      *reinterpret_cast<uint4*>(tile + offset(r, 2 * rc + 1)) =
+          dequant8_e4m3<T, kFormat == CacheFormat::kFp8DsMla>(make_uint2(v.z, v.w), sc);
+    }
+  }
+  if constexpr (kFormat == CacheFormat::kFp8DsMla) {
+    // k_pe, stored as bf16: output chunks 64 + sub + 4 j.
+#pragma unroll
+    for (int j = 0; j < kRopeDim / 8 / 4; ++j) {
+      const int c = sub + 4 * j;
+      uint4 v = *reinterpret_cast<const uint4*>(row + kDsMlaRopeOffset + 16 * c);
+      if constexpr (!std::is_same_v<T, __nv_bfloat16>) {
+        uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[e]));
+          w[e] = pack2<T>(f.x, f.y);
+        }
+      }
+      *reinterpret_cast<uint4*>(tile + offset(r, kKvLoraRank / 8 + c)) = v;
+    }
+  }
+}
+
 template <typename T, CacheFormat kFormat, int kBlockM>
 __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_constant__ DecodeParams p) {
   using C = SplitConfig<T, kFormat, kBlockM>;
@@ -234,62 +290,17 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
       uint32_t kv_base;
       int flag_slot;
       if constexpr (C::kConvert) {
-        // Dequantise raw stage -> 16-bit swizzled tile, then reuse the raw stage for the next load.
-        // Thread t converts row t / 4: raw 16-byte chunks rc = (t % 4) + 4 j (16 e4m3 -> output
-        // chunks 2 rc, 2 rc + 1), so every branch and the fp8_ds_mla tile of each chunk
-        // (rc / 8 = j / 2) are compile-time; loads go out in small batches (registers).
+        // Dequantise raw stage -> 16-bit swizzled tile (thread t: row t / 4), then reuse the raw stage
+        // for the next load.
         const int r = tid / C::kLoadThreadsPerRow, sub = tid % C::kLoadThreadsPerRow;
-        const uint8_t* row = smem + C::kOffRaw + stage * C::kRawStageBytes + r * C::kRawRowBytes;
-        uint8_t* tile = smem + C::kOffTile;
-        constexpr int kRaw16 = (kFormat == CacheFormat::kFp8 ? kLatentDim : kKvLoraRank) / 16 / C::kLoadThreadsPerRow;
-        constexpr int kBatch = 3;
-        static_assert(kRaw16 % kBatch == 0 || kRaw16 == 8);
-        float tile_scale[kDsMlaNumTiles];
-        if constexpr (kFormat == CacheFormat::kFp8DsMla) {
-#pragma unroll
-          for (int t = 0; t < kDsMlaNumTiles; ++t) tile_scale[t] = *reinterpret_cast<const float*>(row + kDsMlaScaleOffset + 4 * t);
-        }
-#pragma unroll
-        for (int j0 = 0; j0 < kRaw16; j0 += kBatch) {
-          uint4 raw16[kBatch];
-#pragma unroll
-          for (int j = j0; j < j0 + kBatch; ++j)
-            if (j < kRaw16) raw16[j - j0] = *reinterpret_cast<const uint4*>(row + 16 * (sub + 4 * j));
-#pragma unroll
-          for (int j = j0; j < j0 + kBatch; ++j) {
-            if (j >= kRaw16) break;
-            const int rc = sub + 4 * j;
-            // fp8: the per-tensor scale is applied to the scores and the output instead (exact).
-            const float sc = kFormat == CacheFormat::kFp8DsMla ? tile_scale[j / 2] : 1.f;
-            const uint4 v = raw16[j - j0];
-            *reinterpret_cast<uint4*>(tile + swz<C::kRowBytes>(r, 2 * rc)) =
-                dequant8_e4m3<T, kFormat == CacheFormat::kFp8DsMla>(make_uint2(v.x, v.y), sc);
-            *reinterpret_cast<uint4*>(tile + swz<C::kRowBytes>(r, 2 * rc + 1)) =
-                dequant8_e4m3<T, kFormat == CacheFormat::kFp8DsMla>(make_uint2(v.z, v.w), sc);
-          }
-        }
-        if constexpr (kFormat == CacheFormat::kFp8DsMla) {
-          // k_pe, stored as bf16: output chunks 64 + sub + 4 j.
-#pragma unroll
-          for (int j = 0; j < kRopeDim / 8 / C::kLoadThreadsPerRow; ++j) {
-            const int c = sub + 4 * j;
-            uint4 v = *reinterpret_cast<const uint4*>(row + kDsMlaRopeOffset + 16 * c);
-            if constexpr (!std::is_same_v<T, __nv_bfloat16>) {
-              uint32_t* w = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[e]));
-                w[e] = pack2<T>(f.x, f.y);
-              }
-            }
-            *reinterpret_cast<uint4*>(tile + swz<C::kRowBytes>(r, kKvLoraRank / 8 + c)) = v;
-          }
-        }
+        static_assert(C::kLoadThreadsPerRow == 4, "dequant_row_to_tile: 4 threads per row");
+        dequant_row_to_tile<T, kFormat>(smem + C::kOffRaw + stage * C::kRawStageBytes + r * C::kRawRowBytes,
+                                        smem + C::kOffTile, r, sub, [](int rr, int c) { return swz<C::kRowBytes>(rr, c); });
         if (tid < kBlockN) flags[C::kStages * kBlockN + tid] = flags[stage * kBlockN + tid];
         __syncthreads();
         if (i + C::kPrefetch < num_tiles) load_tile(tile_begin + i + C::kPrefetch, stage);
         cp_async_commit();
-        kv_base = smem_addr(tile);
+        kv_base = smem_addr(smem + C::kOffTile);
         flag_slot = C::kStages;
       } else {
         if (i + C::kPrefetch < num_tiles) load_tile(tile_begin + i + C::kPrefetch, (i + C::kPrefetch) % C::kStages);

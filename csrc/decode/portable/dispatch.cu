@@ -23,15 +23,15 @@ template <typename T, CacheFormat kFormat, bool kQkWgmma>
 void launch_decode_split_fp8(const DecodeParams& p);
 }  // namespace portable
 namespace hopper {
-// Defined in sm90/decode_split_wgmma.cu: 64-row tiles of a 16-bit cache with S and P V on wgmma.
-template <typename T>
+// Defined in sm90/decode_split_wgmma.cu: 64-row tiles with S and P V on wgmma.
+template <typename T, CacheFormat kFormat>
 void launch_decode_split_wgmma(const DecodeParams& p);
 }  // namespace hopper
 
 namespace {
 
-// MLA_EXT_DECODE_WGMMA=0 keeps 64-row tiles of the 16-bit cache on the portable mma.sync kernel on
-// sm90 too (comparisons, tests; read per call).
+// MLA_EXT_DECODE_WGMMA=0 keeps 64-row tiles on the portable mma.sync kernel on sm90 too
+// (comparisons, tests; read per call).
 bool wgmma_64_rows_enabled() {
   const char* v = std::getenv("MLA_EXT_DECODE_WGMMA");
   return v == nullptr || v[0] != '0';
@@ -88,12 +88,10 @@ void run_decode_split_portable(const DecodeParams& params, bool sm90) {
           else return portable::launch_decode_split_fp8<scalar_t, kFormat, false>(p);
         case 32: return portable::launch_decode_split<scalar_t, kFormat, 32>(p);
         case 64:
-          // sm90, 16-bit cache: the compute-bound tiles on wgmma.
-          if constexpr (kFormat == CacheFormat::kAuto) {
-            if (sm90 && wgmma_64_rows_enabled()) {
-              p.tma_tiles = make_tile_maps(p);  // used for whole-page tiles, else cp.async
-              return hopper::launch_decode_split_wgmma<scalar_t>(p);
-            }
+          // sm90: the compute-bound tiles on wgmma (16-bit cache: TMA for whole-page tiles).
+          if (sm90 && wgmma_64_rows_enabled()) {
+            if constexpr (kFormat == CacheFormat::kAuto) p.tma_tiles = make_tile_maps(p);
+            return hopper::launch_decode_split_wgmma<scalar_t, kFormat>(p);
           }
           return portable::launch_decode_split<scalar_t, kFormat, 64>(p);
         default: throw std::runtime_error("mla_ext: unsupported decode block_m " + std::to_string(block_m));

@@ -1,14 +1,18 @@
-// Dense split-KV MLA decode on sm90a for 64-row tiles over a 16-bit ('auto') cache: S = Q K^T and
-// O += P V on wgmma. The portable kernel (portable/decode_split.cuh) runs these compute-bound
+// Dense split-KV MLA decode on sm90a for 64-row tiles: S = Q K^T and O += P V on wgmma. The portable kernel (portable/decode_split.cuh) runs these compute-bound
 // shapes (h_q >= 64, or s_q x h_q > 32) on mma.sync at ~170 TFLOPS; everything around the math is
 // the same: schedule, pieces, masks, partials, epilogue.
 //
 // One CTA = 2 warpgroups = one part of the schedule x 64 query rows (row = s * h_q + h). Per
 // 64-key tile:
-//   load     cp.async, 4 threads per cache row through the block table (any block size; invalid
-//            pages and positions past the sequence zero-filled and flagged), straight into the
-//            wgmma layout: 9 blocks of [64 keys][64 dims] in the 128-byte swizzle. Two stages: tile
-//            i + 1 loads while tile i computes. Q likewise, once per piece (padding rows zero).
+//   load     16-bit cache: cp.async, 4 threads per cache row through the block table (any block
+//            size; invalid pages and positions past the sequence zero-filled and flagged), straight
+//            into the wgmma layout: 9 blocks of [64 keys][64 dims] in the 128-byte swizzle; two
+//            stages (tile i + 1 loads while tile i computes); TMA for whole pages (kTma, below).
+//            fp8 / fp8_ds_mla: raw rows into one staging buffer (where the second stage would be),
+//            dequantised into the one K tile as the portable kernel does (dequant_row_to_tile: fp8
+//            unscaled, its per-tensor scale on the scores and the output; fp8_ds_mla times the tile
+//            scale, rounded to q's type), after which the staging takes tile i + 1.
+//            Q likewise, once per piece (padding rows zero).
 //   S        warpgroup g: keys 32 g .. + 31 of all 64 rows over the 576 dims, 36 m64n32k16 with A = Q
 //            and B = K both K-major in shared memory (split over keys, not dims: no partial sums to
 //            exchange, which would not fit next to Q and two K stages).
@@ -28,12 +32,14 @@
 #include "absorb/sm90/wgmma.cuh"
 #include "common/sm80.cuh"
 #include "decode/decode.h"
+#include "decode/portable/decode_split.cuh"  // dequant_row_to_tile
 #include "decode/portable/split_common.cuh"
 
 namespace mla::decode::hopper {
 
 using portable::cache_page;
 using portable::cache_row;
+using portable::dequant_row_to_tile;
 using sm80::cp_async16;
 using sm80::pack2;
 using sm80::smem_addr;
@@ -68,11 +74,15 @@ __device__ __forceinline__ uint32_t sw128(int r, int c) {
 // K tile is one page, copied by thread 0 as nine [64 rows][128 B] boxes that land in exactly the
 // layout above, counted on the stage's mbarrier, and issued once the current tile's S MMAs are
 // committed (so that the issue does not delay them). Else cp.async at the top of the tile.
-template <typename T, bool kTma>
+template <typename T, CacheFormat kFormat, bool kTma>
 __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wgmma_kernel(const __grid_constant__ DecodeParams p) {
 #if MLA_SM90A
   using C = WgmmaSplitConfig;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  constexpr bool kConvert = kFormat != CacheFormat::kAuto;
+  static_assert(!kConvert || !kTma, "TMA tiles: 16-bit caches only");
+  constexpr int kRawRowBytes = kFormat == CacheFormat::kAuto ? 2 * kLatentDim : kFormat == CacheFormat::kFp8 ? kLatentDim : kDsMlaRowBytes;
+  constexpr int kRawChunks = kRawRowBytes / 16;  // 72, 36 or 41
   extern __shared__ uint8_t smem_raw[];
   uint8_t* const smem = sm90::align_to_swizzle_atom(smem_raw);
   float* const red = reinterpret_cast<float*>(smem + C::kOffRed);
@@ -93,7 +103,10 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
   const int end_req = min(sched[kEndReq], p.b - 1), end_tile = sched[kEndTile], begin_split = max(sched[kBeginSplit], 0);
   const int row0 = blockIdx.y * C::kRows;
   const int rows_here = min(C::kRows, p.num_rows - row0);
-  const float score_scale = p.softmax_scale_log2;
+  // fp8: K and V are used unscaled (exact in 16 bits); the per-tensor scale multiplies the scores
+  // (folded into the exp2-domain scale) and the output.
+  const float out_scale = kFormat == CacheFormat::kFp8 ? *p.scale : 1.f;
+  const float score_scale = p.softmax_scale_log2 * out_scale;
   const int64_t max_kv = int64_t(p.max_blocks) * p.block_size;
 
   const sm90::SmemDesc q_desc = sm90::kmajor_sw128(q_base), k_desc = sm90::kmajor_sw128(k_base);
@@ -153,10 +166,12 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
       const bool ok = row != nullptr;
       const uint8_t* src = ok ? row : static_cast<const uint8_t*>(p.kv_cache);  // any valid address
       if (sub == 0) flags[stage * kBlockN + r] = ok;
-      const uint32_t dst = k_base + stage * C::kTileBytes;
+      const uint32_t dst = k_base + stage * C::kTileBytes;  // kConvert: the staging buffer (stage 1)
 #pragma unroll
-      for (int c = sub; c < C::kRowChunks; c += C::kLoadThreadsPerRow) cp_async16(dst + sw128(r, c), src + 16 * c, ok);
+      for (int c = sub; c < kRawChunks; c += C::kLoadThreadsPerRow)
+        cp_async16(dst + (kConvert ? r * kRawRowBytes + 16 * c : sw128(r, c)), src + 16 * c, ok);
     };
+    constexpr int kLoadStage0 = kConvert ? 1 : 0;  // where the first tile of a piece goes
 
     if (num_tiles > 0) {
       const T* q = static_cast<const T*>(p.q) + req * p.stride_q_b;
@@ -167,7 +182,7 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
         const T* src = ok ? q + s * p.stride_q_s + h * p.stride_q_h + 8 * ch : q;
         cp_async16(q_base + sw128(r, ch), src, ok);
       }
-      load_tile(tile_begin, 0, kTma && tid < kBlockN ? cache_page(p, bt, tile_begin * kBlockN, kv_len) : -1);
+      load_tile(tile_begin, kLoadStage0, kTma && tid < kBlockN ? cache_page(p, bt, tile_begin * kBlockN, kv_len) : -1);
       sm80::cp_async_commit();
     }
     // kTma, threads 0-63: the page of the next tile to copy (its row flags need it too).
@@ -184,9 +199,18 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
       for (int e = 0; e < 64; ++e) o[v][e] = 0.f;
 
     for (int i = 0; i < num_tiles; ++i) {
-      const int stage = i % C::kStages;
+      // The K tile computed on (kConvert: always stage 0, the staging buffer is stage 1; flags of the
+      // converted tile in slot 0 too).
+      const int stage = kConvert ? 0 : i % C::kStages;
       const uint32_t k_off = stage * C::kTileBytes;
       sm80::cp_async_wait<0>();  // (kTma: Q, first piece tile only)
+      if constexpr (kConvert) {
+        __syncthreads();  // tile i's raw rows landed for everyone; everyone is done with tile i - 1
+        const int r = tid / C::kLoadThreadsPerRow, sub = tid % C::kLoadThreadsPerRow;
+        dequant_row_to_tile<T, kFormat>(smem + C::kOffK + C::kTileBytes + r * kRawRowBytes, smem + C::kOffK, r, sub,
+                                        [](int rr, int c) { return sw128(rr, c); });
+        if (tid < kBlockN) flags[tid] = flags[kBlockN + tid];  // the staging's flags are rewritten below
+      }
       if constexpr (kTma) {
         sm90::mbar_wait(bars + 8 * stage, (bar_phase >> stage) & 1);
         bar_phase ^= 1u << stage;
@@ -203,7 +227,7 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
       }
       sm90::fence_proxy_async_smem();  // cp.async data / zeroed rows (generic proxy) -> wgmma's async proxy
       __syncthreads();  // tile i landed for everyone; everyone is done with tile i - 1 (its stage, P)
-      if (!kTma && i + 1 < num_tiles) load_tile(tile_begin + i + 1, stage ^ 1, -1);
+      if (!kTma && i + 1 < num_tiles) load_tile(tile_begin + i + 1, kConvert ? 1 : stage ^ 1, -1);
       sm80::cp_async_commit();
 
       // ---- S for keys 32 wg .. + 31: s[4 j + e] = row row_lo + 8 (e / 2), key 32 wg + 8 j + 2 qd + e % 2.
@@ -317,7 +341,7 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
       if (r >= rows_here || slot < 0 || slot >= p.max_partials) continue;  // (a hand-made plan's bad slot)
       const float total = red[r] + red[C::kRows + r];
       // total == 0: nothing attended (out 0, lse -inf); NaN (NaN in attended rows) propagates.
-      const float inv = total == 0.f ? 0.f : 1.f / total;
+      const float inv = total == 0.f ? 0.f : out_scale / total;
       const float lse2 = total == 0.f ? -INFINITY : m[h] + log2f(total);
       const int g = row0 + r, sq = g / p.h_q, hq = g % p.h_q;
 #pragma unroll
@@ -347,16 +371,22 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
 #endif
 }
 
-template <typename T>
+template <typename T, CacheFormat kFormat>
 void launch_decode_split_wgmma(const DecodeParams& p) {
   using C = WgmmaSplitConfig;
-  if (p.tma_tiles && p.tma_box_rows == kBlockN)
-    portable::launch_split_kernel(&decode_split_wgmma_kernel<T, true>, C::kThreads, C::kSmemLaunchBytes, "sm90 wgmma decode kernel", p);
-  else
-    portable::launch_split_kernel(&decode_split_wgmma_kernel<T, false>, C::kThreads, C::kSmemLaunchBytes, "sm90 wgmma decode kernel", p);
+  const char* what = "sm90 wgmma decode kernel";
+  if constexpr (kFormat == CacheFormat::kAuto) {
+    if (p.tma_tiles && p.tma_box_rows == kBlockN)
+      return portable::launch_split_kernel(&decode_split_wgmma_kernel<T, kFormat, true>, C::kThreads, C::kSmemLaunchBytes, what, p);
+  }
+  portable::launch_split_kernel(&decode_split_wgmma_kernel<T, kFormat, false>, C::kThreads, C::kSmemLaunchBytes, what, p);
 }
 
-template void launch_decode_split_wgmma<__nv_bfloat16>(const DecodeParams&);
-template void launch_decode_split_wgmma<__half>(const DecodeParams&);
+template void launch_decode_split_wgmma<__nv_bfloat16, CacheFormat::kAuto>(const DecodeParams&);
+template void launch_decode_split_wgmma<__half, CacheFormat::kAuto>(const DecodeParams&);
+template void launch_decode_split_wgmma<__nv_bfloat16, CacheFormat::kFp8>(const DecodeParams&);
+template void launch_decode_split_wgmma<__half, CacheFormat::kFp8>(const DecodeParams&);
+template void launch_decode_split_wgmma<__nv_bfloat16, CacheFormat::kFp8DsMla>(const DecodeParams&);
+template void launch_decode_split_wgmma<__half, CacheFormat::kFp8DsMla>(const DecodeParams&);
 
 }  // namespace mla::decode::hopper
