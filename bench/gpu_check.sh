@@ -15,6 +15,9 @@ dest=${1:-${OUT:-bench/results/latest}}
 part=${2:-all}
 case $part in checks|bench|all) ;; *) echo "PART must be checks, bench or all, not '$part'" >&2; exit 2 ;; esac
 out=$(mktemp -d)
+# Only this run's files: on the GPU machine a fresh temporary directory has come back holding an earlier
+# session's files (its /tmp is restored between loans), which then went into the archive.
+find "$out" -mindepth 1 -delete
 trap 'tar -czf "$dest/gpu_check.tar.gz" -C "$out" . && cp "$out"/*.md "$dest"/ 2>/dev/null' EXIT
 mkdir -p "$dest"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
