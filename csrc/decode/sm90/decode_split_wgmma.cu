@@ -1,6 +1,7 @@
-// Dense split-KV MLA decode on sm90a for 64-row tiles: S = Q K^T and O += P V on wgmma. The portable kernel (portable/decode_split.cuh) runs these compute-bound
-// shapes (h_q >= 64, or s_q x h_q > 32) on mma.sync at ~170 TFLOPS; everything around the math is
-// the same: schedule, pieces, masks, partials, epilogue.
+// Dense split-KV MLA decode on sm90a for 64-row tiles: S = Q K^T and O += P V on wgmma. The
+// portable kernel (portable/decode_split.cuh) runs these compute-bound shapes (more than 32 query
+// rows: h_q >= 33, or s_q x h_q > 32) on mma.sync at ~170 TFLOPS (bf16); everything around the math
+// is the same: schedule, pieces, masks, partials, epilogue.
 //
 // One CTA = 2 warpgroups = one part of the schedule x 64 query rows (row = s * h_q + h). Per
 // 64-key tile:
