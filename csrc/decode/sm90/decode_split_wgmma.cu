@@ -73,8 +73,10 @@ __device__ __forceinline__ uint32_t sw128(int r, int c) {
 
 // kTma (block sizes that are multiples of 64, cache strides TMA accepts: DecodeParams::kv_map): a
 // K tile is one page, copied by thread 0 as nine [64 rows][128 B] boxes that land in exactly the
-// layout above, counted on the stage's mbarrier, and issued once the current tile's S MMAs are
-// committed (so that the issue does not delay them). Else cp.async at the top of the tile.
+// layout above, counted on the stage's mbarrier. Else cp.async. With two stages both go out after the
+// current tile's row-maxima barrier: the previous tile's P V MMAs (which read that stage and P) are not
+// waited for at the end of their tile but run on into this one, and that barrier is the first point
+// where both warpgroups have seen them finish (their S wait covers them).
 template <typename T, CacheFormat kFormat, bool kTma>
 __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wgmma_kernel(const __grid_constant__ DecodeParams p) {
 #if MLA_SM90A
@@ -227,9 +229,13 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
         }
       }
       sm90::fence_proxy_async_smem();  // cp.async data / zeroed rows (generic proxy) -> wgmma's async proxy
-      __syncthreads();  // tile i landed for everyone; everyone is done with tile i - 1 (its stage, P)
-      if (!kTma && i + 1 < num_tiles) load_tile(tile_begin + i + 1, kConvert ? 1 : stage ^ 1, -1);
-      sm80::cp_async_commit();
+      // Tile i landed for everyone. Two stages: P V of tile i - 1 may still run (it reads the other
+      // stage and P); kConvert: it has finished, and the staging buffer is free.
+      __syncthreads();
+      if constexpr (kConvert) {
+        if (i + 1 < num_tiles) load_tile(tile_begin + i + 1, 1, -1);
+        sm80::cp_async_commit();
+      }
 
       // ---- S for keys 32 wg .. + 31: s[4 j + e] = row row_lo + 8 (e / 2), key 32 wg + 8 j + 2 qd + e % 2.
       float s[16];
@@ -244,13 +250,13 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
           else sm90::wgmma_m64n32k16_f16(s, da, db, b + ks > 0);
         }
       sm90::wgmma_commit();
-      if (kTma && i + 1 < num_tiles) {  // while the S MMAs run
-        load_tile(tile_begin + i + 1, stage ^ 1, next_page);
-        if (tid < kBlockN && i + 2 < num_tiles) next_page = cache_page(p, bt, (tile_begin + i + 2) * kBlockN, kv_len);
-      }
-      sm90::wgmma_wait<0>();
+      sm90::wgmma_wait<0>();  // S of tile i, and before it this warpgroup's P V of tile i - 1
 #pragma unroll
       for (int e = 0; e < 16; ++e) sm90::fence_operand(s[e]);
+#pragma unroll
+      for (int v = 0; v < 2; ++v)
+#pragma unroll
+        for (int e = 0; e < 64; ++e) sm90::fence_operand(o[v][e]);
 
       // ---- mask (select: a masked score never becomes NaN), exp2-domain scale, row maxima.
       const int key_lo = 32 * wg + 2 * qd;                       // + 8 j + e % 2
@@ -274,7 +280,14 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
         if (qd == 0) red[wg * C::kRows + row_lo + 8 * h] = mx[h];
       }
-      __syncthreads();
+      __syncthreads();  // (also: both warpgroups' P V of tile i - 1 are done, its stage and P are free)
+      if constexpr (!kConvert) {  // tile i + 1 into that stage
+        if (i + 1 < num_tiles) {
+          load_tile(tile_begin + i + 1, stage ^ 1, next_page);
+          if (kTma && tid < kBlockN && i + 2 < num_tiles) next_page = cache_page(p, bt, (tile_begin + i + 2) * kBlockN, kv_len);
+        }
+        sm80::cp_async_commit();
+      }
 
       // ---- online softmax: P = exp2(s - m) in T to shared memory, O *= exp2(m_old - m).
       float alpha[2];
@@ -316,13 +329,24 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
         for (int ks = 0; ks < kBlockN / 16; ++ks)
           sm90::wgmma_m64n128k16_ss_mn<kBf16>(o[v], p_desc.at(32 * ks), v_desc.at(k_off + (4 * wg + 2 * v) * C::kBlockBytes + 16 * 128 * ks));
       sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();  // K stage and P are rewritten after the next barrier
+      // Two stages: no wait here; these MMAs run on through the next tile's first barrier and S issue
+      // (S waits for them). kConvert: its one K tile is rewritten after the next barrier.
+      if constexpr (kConvert) {
+        sm90::wgmma_wait<0>();
+#pragma unroll
+        for (int v = 0; v < 2; ++v)
+#pragma unroll
+          for (int e = 0; e < 64; ++e) sm90::fence_operand(o[v][e]);
+      }
+    }
+    sm80::cp_async_wait<0>();
+    if constexpr (!kConvert) {
+      sm90::wgmma_wait<0>();  // the last tile's P V
 #pragma unroll
       for (int v = 0; v < 2; ++v)
 #pragma unroll
         for (int e = 0; e < 64; ++e) sm90::fence_operand(o[v][e]);
     }
-    sm80::cp_async_wait<0>();
 
     // ---- finish the piece: row sums over the quad and both warpgroups, then write (red was last
     // read before the previous barrier, so it can take the sums at once).
