@@ -34,6 +34,16 @@ def _gather_fold(pool, slots, out, WORDS: tl.constexpr, BLOCK_W: tl.constexpr, R
     tl.store(out + pid, tl.sum(tl.sum(v, axis=1), axis=0))
 
 
+def time_gather(timer: Timer, pool: torch.Tensor, slots32: torch.Tensor, label: str, rows_per_program: int = 16) -> float:
+    """Median us of reading rows `slots32` of `pool` (int32 words per row), rows_per_program per program."""
+    n, words = slots32.numel(), pool.shape[1]
+    out = torch.empty(n // rows_per_program, dtype=torch.int32, device="cuda")
+    fn = lambda: _gather_fold[(n // rows_per_program,)](pool, slots32, out, WORDS=words,  # noqa: E731
+                                                        BLOCK_W=triton.next_power_of_2(words), ROWS=rows_per_program,
+                                                        num_warps=4)
+    return timer.time_us(fn, label)
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA GPU: nothing to time")
@@ -47,7 +57,6 @@ def main() -> int:
     local = torch.rand(REQUESTS, POOL_TOKENS, device="cuda").argsort(dim=-1)[:, :TOPK]
     scattered = (table.gather(1, local // BLOCK_SIZE) * BLOCK_SIZE + local % BLOCK_SIZE).view(-1)
     in_order = torch.arange(scattered.numel(), device="cuda", dtype=torch.int64)
-    rows_ = 16
     print("| row bytes | rows | us | GB/s | G rows/s | fraction of copy |")
     print("|---:|---|---:|---:|---:|---:|")
     for row_bytes in (656, 640, 1152):
@@ -56,10 +65,7 @@ def main() -> int:
         for name, slots in (("scattered", scattered), ("in order", in_order)):
             slots32 = slots.to(torch.int32).contiguous()
             n = slots32.numel()
-            out = torch.empty(n // rows_, dtype=torch.int32, device="cuda")
-            fn = lambda: _gather_fold[(n // rows_,)](pool, slots32, out, WORDS=words,  # noqa: E731
-                                                     BLOCK_W=triton.next_power_of_2(words), ROWS=rows_, num_warps=4)
-            us = timer.time_us(fn, f"gather.{row_bytes}.{name.replace(' ', '_')}")
+            us = time_gather(timer, pool, slots32, f"gather.{row_bytes}.{name.replace(' ', '_')}")
             gbps = n * row_bytes / (us * 1e-6) / 1e9
             print(f"| {row_bytes} | {name} | {us:.2f} | {gbps:.0f} | {n / (us * 1e-6) / 1e9:.2f} | {gbps / roofline.copy_GBps:.2f} |")
         del pool
@@ -72,13 +78,10 @@ def main() -> int:
     for row_bytes in (656, 1152):
         words = row_bytes // 4
         pool = torch.randint(0, 1 << 20, (n, words), dtype=torch.int32, device="cuda")
-        out = torch.empty(n // rows_, dtype=torch.int32, device="cuda")
         for block_size in (16, 64, 128):
             order = torch.randperm(n // block_size, device="cuda", dtype=torch.int64)
             slots32 = (order[:, None] * block_size + torch.arange(block_size, device="cuda")).view(-1).to(torch.int32)
-            fn = lambda: _gather_fold[(n // rows_,)](pool, slots32, out, WORDS=words,  # noqa: E731
-                                                     BLOCK_W=triton.next_power_of_2(words), ROWS=rows_, num_warps=4)
-            us = timer.time_us(fn, f"pages.{row_bytes}.bs{block_size}")
+            us = time_gather(timer, pool, slots32, f"pages.{row_bytes}.bs{block_size}")
             gbps = n * row_bytes / (us * 1e-6) / 1e9
             print(f"| {row_bytes} | {block_size} | {us:.2f} | {gbps:.0f} | {gbps / roofline.copy_GBps:.2f} |")
         del pool
