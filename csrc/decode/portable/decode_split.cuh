@@ -198,10 +198,7 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
   const uint32_t p_base = smem_addr(smem + C::kOffP);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int32_t* sched = p.schedule + blockIdx.x * kScheduleFields;
-  // Clamped: a hand-made schedule must not send a CTA outside the block table or the workspace.
-  const int begin_req = max(sched[kBeginReq], 0), begin_tile = max(sched[kBeginTile], 0);
-  const int end_req = min(sched[kEndReq], p.b - 1), end_tile = sched[kEndTile], begin_split = max(sched[kBeginSplit], 0);
+  const SchedulePart part = schedule_part(p);
   const int row0 = blockIdx.y * kBlockM;                   // first query row of this CTA
   const int rows_here = min(kBlockM, p.num_rows - row0);
   // fp8: K and V are used unscaled (exact in 16 bits); the per-tensor scale multiplies the
@@ -211,16 +208,11 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
     out_scale = *p.scale;
     score_scale *= out_scale;
   }
-  const int64_t max_kv = int64_t(p.max_blocks) * p.block_size;
 
-  for (int req = begin_req; req <= end_req; ++req) {
-    const int seq_len = max(p.seq_lens[req], 0);
-    const int kv_len = static_cast<int>(seq_len < max_kv ? seq_len : max_kv);  // past the table: invalid
-    const int tile_begin = req == begin_req ? begin_tile : 0;
-    const int tile_end = min(req == end_req ? end_tile : key_tiles(seq_len),
-                             key_tiles(kv_len));
-    const int num_tiles = max(tile_end - tile_begin, 0);
-    const int32_t* bt = p.block_table + req * p.stride_block_table_b;
+  for (int req = part.begin_req; req <= part.end_req; ++req) {
+    const Piece piece = part_piece(p, part, req);
+    const int seq_len = piece.seq_len, kv_len = piece.kv_len, tile_begin = piece.tile_begin, num_tiles = piece.num_tiles;
+    const int32_t* bt = piece.bt;
 
     // How many leading keys each of this thread's accumulator rows may see (0 for padding rows).
     int lim[kMT][2];
@@ -256,14 +248,7 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
 
     if (num_tiles > 0) {
       // Q rows of this block (padding rows zero-filled), in the first group.
-      const T* q = static_cast<const T*>(p.q) + req * p.stride_q_b;
-      for (int c = tid; c < kBlockM * C::kRowChunks; c += C::kThreads) {
-        const int r = c / C::kRowChunks, ch = c % C::kRowChunks;
-        const bool ok = r < rows_here;
-        const int s = (row0 + r) / p.h_q, h = (row0 + r) % p.h_q;
-        const T* src = ok ? q + s * p.stride_q_s + h * p.stride_q_h + 8 * ch : q;
-        cp_async16(q_base + swz<C::kRowBytes>(r, ch), src, ok);
-      }
+      load_q_rows<T, kBlockM, C::kThreads>(p, req, row0, rows_here, tid, q_base, [](int r, int c) { return swz<C::kRowBytes>(r, c); });
 #pragma unroll
       for (int s = 0; s < C::kPrefetch; ++s) {
         if (s < num_tiles) load_tile(tile_begin + s, s);
@@ -480,7 +465,7 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
     }
     __syncthreads();
     const int num_splits = p.split_info[req * kSplitInfoFields + 0];
-    const int64_t slot = num_splits > 1 ? int64_t(p.split_info[req * kSplitInfoFields + 1]) + (req == begin_req ? begin_split : 0) : 0;
+    const int64_t slot = partial_slot(p, part, req, num_splits);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll

@@ -265,27 +265,20 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
 #endif
   }
 
-  const int32_t* sched = p.schedule + blockIdx.x * kScheduleFields;
-  // Clamped: a hand-made schedule must not send a CTA outside the block table or the workspace.
-  const int begin_req = max(sched[kBeginReq], 0), begin_tile = max(sched[kBeginTile], 0);
-  const int end_req = min(sched[kEndReq], p.b - 1), end_tile = sched[kEndTile], begin_split = max(sched[kBeginSplit], 0);
+  const SchedulePart part = schedule_part(p);
   const int row0 = blockIdx.y * C::kRows;
   const int rows_here = min(C::kRows, p.num_rows - row0);
   const float tensor_scale = C::kDsMla ? 1.f : *p.scale;  // fp8: scores and output, exactly
-  const int64_t max_kv = int64_t(p.max_blocks) * p.block_size;
   // cp.async loads of a tile inside one page: one block-table entry and one division per tile (see
   // page_of). Only with two rows per thread: with one, the general path costs the same and a
   // second path cost the fp8 kernel registers (spills).
   const bool tile_in_one_page = C::kRowsPerThread > 1 && p.block_size % kBlockN == 0;
 
-  for (int req = begin_req; req <= end_req; ++req) {
-    const int seq_len = max(p.seq_lens[req], 0);
-    const int kv_len = static_cast<int>(seq_len < max_kv ? seq_len : max_kv);
-    const int tile_begin = req == begin_req ? begin_tile : 0;
-    const int tile_end = min(req == end_req ? end_tile : key_tiles(seq_len),
-                             key_tiles(kv_len));
-    const int num_tiles = max(tile_end - tile_begin, 0);
-    const int32_t* bt = p.block_table + req * p.stride_block_table_b;
+  for (int req = part.begin_req; req <= part.end_req; ++req) {
+    const Piece piece = part_piece(p, part, req);
+    const int seq_len = piece.seq_len, kv_len = piece.kv_len, tile_begin = piece.tile_begin, num_tiles = piece.num_tiles;
+    const int tile_end = tile_begin + num_tiles;
+    const int32_t* bt = piece.bt;
 
     // This thread's cache rows of tile t are load_row + kRowStep rr; their page ids are read a
     // tile ahead (page_of) so that issuing the copies never waits for the block table. When pages
@@ -469,14 +462,8 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     if (num_tiles > 0) {
       // Q rows (padding rows zero) in the first cp.async group of both teams, then each team's
       // first tile.
-      const T* q = static_cast<const T*>(p.q) + req * p.stride_q_b;
-      for (int c = tid; c < C::kRows * (2 * kLatentDim / 16); c += C::kThreads) {
-        const int r = c / (2 * kLatentDim / 16), ch = c % (2 * kLatentDim / 16);
-        const bool ok = r < rows_here;
-        const int s = (row0 + r) / p.h_q, h = (row0 + r) % p.h_q;
-        const T* src = ok ? q + s * p.stride_q_s + h * p.stride_q_h + 8 * ch : q;
-        cp_async16(smem_addr(smem + C::kOffQ + r * C::kQStride + 16 * ch), src, ok);
-      }
+      load_q_rows<T, C::kRows, C::kThreads>(p, req, row0, rows_here, tid, smem_addr(smem + C::kOffQ),
+                                            [](int r, int c) { return uint32_t(r * C::kQStride + 16 * c); });
       sm80::cp_async_commit();
       if (team < num_tiles) {
         if constexpr (kTmaTiles) issue_tile(tile_begin + team, 0, tma_page_of(tile_begin + team));
@@ -947,8 +934,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     if (team == 0) {  // also for pieces without tiles: out 0, lse -inf
       const float r1 = C::kDsMla ? xr[warp] : 1.f, r0 = C::kDsMla ? v_ref : 1.f;
       const int num_splits = p.split_info[req * kSplitInfoFields + 0];
-      const int64_t slot =
-          num_splits > 1 ? int64_t(p.split_info[req * kSplitInfoFields + 1]) + (req == begin_req ? begin_split : 0) : 0;
+      const int64_t slot = partial_slot(p, part, req, num_splits);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = grp + 8 * h;

@@ -41,6 +41,12 @@ namespace mla::decode::hopper {
 using portable::cache_page;
 using portable::cache_row;
 using portable::dequant_row_to_tile;
+using portable::load_q_rows;
+using portable::part_piece;
+using portable::partial_slot;
+using portable::Piece;
+using portable::schedule_part;
+using portable::SchedulePart;
 using sm80::cp_async16;
 using sm80::pack2;
 using sm80::smem_addr;
@@ -100,17 +106,13 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
   // This thread's accumulator rows (S and O alike): 16 (warp % 4) + lane / 4 + 8 h.
   const int row_lo = 16 * (warp % 4) + lane / 4;
-  const int32_t* sched = p.schedule + blockIdx.x * kScheduleFields;
-  // Clamped: a hand-made schedule must not send a CTA outside the block table or the workspace.
-  const int begin_req = max(sched[kBeginReq], 0), begin_tile = max(sched[kBeginTile], 0);
-  const int end_req = min(sched[kEndReq], p.b - 1), end_tile = sched[kEndTile], begin_split = max(sched[kBeginSplit], 0);
+  const SchedulePart part = schedule_part(p);
   const int row0 = blockIdx.y * C::kRows;
   const int rows_here = min(C::kRows, p.num_rows - row0);
   // fp8: K and V are used unscaled (exact in 16 bits); the per-tensor scale multiplies the scores
   // (folded into the exp2-domain scale) and the output.
   const float out_scale = kFormat == CacheFormat::kFp8 ? *p.scale : 1.f;
   const float score_scale = p.softmax_scale_log2 * out_scale;
-  const int64_t max_kv = int64_t(p.max_blocks) * p.block_size;
 
   const sm90::SmemDesc q_desc = sm90::kmajor_sw128(q_base), k_desc = sm90::kmajor_sw128(k_base);
   const sm90::SmemDesc p_desc = sm90::kmajor_sw128(p_base);
@@ -124,13 +126,10 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
     __syncthreads();
   }
 
-  for (int req = begin_req; req <= end_req; ++req) {
-    const int seq_len = max(p.seq_lens[req], 0);
-    const int kv_len = static_cast<int>(seq_len < max_kv ? seq_len : max_kv);  // past the table: invalid
-    const int tile_begin = req == begin_req ? begin_tile : 0;
-    const int tile_end = min(req == end_req ? end_tile : key_tiles(seq_len), key_tiles(kv_len));
-    const int num_tiles = max(tile_end - tile_begin, 0);
-    const int32_t* bt = p.block_table + req * p.stride_block_table_b;
+  for (int req = part.begin_req; req <= part.end_req; ++req) {
+    const Piece piece = part_piece(p, part, req);
+    const int seq_len = piece.seq_len, kv_len = piece.kv_len, tile_begin = piece.tile_begin, num_tiles = piece.num_tiles;
+    const int32_t* bt = piece.bt;
 
     // How many leading keys each of this thread's two rows may see (0 for padding rows).
     int lim[2];
@@ -177,14 +176,7 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
     constexpr int kLoadStage0 = kConvert ? 1 : 0;  // where the first tile of a piece goes
 
     if (num_tiles > 0) {
-      const T* q = static_cast<const T*>(p.q) + req * p.stride_q_b;
-      for (int c = tid; c < C::kRows * C::kRowChunks; c += C::kThreads) {
-        const int r = c / C::kRowChunks, ch = c % C::kRowChunks;
-        const bool ok = r < rows_here;
-        const int s = (row0 + r) / p.h_q, h = (row0 + r) % p.h_q;
-        const T* src = ok ? q + s * p.stride_q_s + h * p.stride_q_h + 8 * ch : q;
-        cp_async16(q_base + sw128(r, ch), src, ok);
-      }
+      load_q_rows<T, C::kRows, C::kThreads>(p, req, row0, rows_here, tid, q_base, [](int r, int c) { return sw128(r, c); });
       load_tile(tile_begin, kLoadStage0, kTma && tid < kBlockN ? cache_page(p, bt, tile_begin * kBlockN, kv_len) : -1);
       sm80::cp_async_commit();
     }
@@ -359,7 +351,7 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
     }
     __syncthreads();
     const int num_splits = p.split_info[req * kSplitInfoFields + 0];
-    const int64_t slot = num_splits > 1 ? int64_t(p.split_info[req * kSplitInfoFields + 1]) + (req == begin_req ? begin_split : 0) : 0;
+    const int64_t slot = partial_slot(p, part, req, num_splits);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = row_lo + 8 * h;
