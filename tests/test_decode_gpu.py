@@ -201,7 +201,7 @@ def test_out_buffers_and_force_portable(h_q, force_portable, monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("path", ["default", "portable64"])
+@pytest.mark.parametrize("path", ["default", "split_tiles", "portable64"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("lens,s_q,h_q,block_size", [
     ([0, 1, 63, 64, 65, 300, 1000, 4097], 1, 128, 64),
@@ -215,7 +215,13 @@ def test_64_row_tiles(fmt, path, dtype, lens, s_q, h_q, block_size, monkeypatch)
     wgmma (csrc/decode/sm90/decode_split_wgmma.cu; 16-bit cache pages by TMA at block sizes 64 and
     256, fp8 formats dequantised), MLA_EXT_DECODE_WGMMA=0 on the portable mma.sync kernel; both
     against the reference, causal and not, unused slots NaN, padded pages, fp8_ds_mla scales that are
-    not powers of two, one request long enough to be split (partials + combine)."""
+    not powers of two, one request long enough to be split (partials + combine). 16-bit caches in
+    whole 64-key pages take the tile-pairs kernel (decode_split_wgmma_pairs.cu) by default;
+    "split_tiles" (MLA_EXT_DECODE_PAIRS=0) runs them on decode_split_wgmma.cu's TMA path instead."""
+    if path == "split_tiles" and (fmt != "auto" or block_size % 64 != 0):
+        pytest.skip("the same kernel as the default path: only 16-bit caches in whole 64-key pages have two")
+    if path == "split_tiles":
+        monkeypatch.setenv("MLA_EXT_DECODE_PAIRS", "0")
     if path == "portable64":
         monkeypatch.setenv("MLA_EXT_DECODE_WGMMA", "0")
     inp = make_inputs(lens, s_q, h_q, block_size, fmt, dtype=dtype, page_pad=3 if block_size == 61 else 0,
@@ -227,7 +233,7 @@ def test_64_row_tiles(fmt, path, dtype, lens, s_q, h_q, block_size, monkeypatch)
             check(inp, causal)
 
 
-@pytest.mark.parametrize("fmt,block_size", [("auto", 16), ("auto", 64), ("fp8", 16), ("fp8_ds_mla", 16)])
+@pytest.mark.parametrize("fmt,block_size", [("auto", 16), ("auto", 64), ("auto", 128), ("fp8", 16), ("fp8_ds_mla", 16)])
 def test_small_wgmma_64_rows(fmt, block_size):
     """Small cases of the sm90 64-row wgmma kernel for the sanitizers (-k small): split and whole
     requests, rows past the sequence in the last tile (cp.async at block size 16; at 64, TMA pages
@@ -253,7 +259,7 @@ def test_wgmma_env_selects_kernel(fmt, monkeypatch):
     the portable one: so "portable64" above tests what it names."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel is the sm90 path")
-    for var in ("MLA_EXT_DECODE_WGMMA", "MLA_EXT_FORCE_PORTABLE"):
+    for var in ("MLA_EXT_DECODE_WGMMA", "MLA_EXT_DECODE_PAIRS", "MLA_EXT_FORCE_PORTABLE"):
         monkeypatch.delenv(var, raising=False)
     inp = make_inputs([300, 70], 1, 128, 64, fmt, device="cuda")
     call = lambda: run_op(inp, True)  # noqa: E731
@@ -262,7 +268,13 @@ def test_wgmma_env_selects_kernel(fmt, monkeypatch):
     portable = _decode_kernels_run(call)
     assert len(default) == 1 and any("wgmma" in n for n in default), default
     assert len(portable) == 1 and not any("wgmma" in n for n in portable), portable
+    # 16-bit pages of 64 keys: the tile-pairs kernel, MLA_EXT_DECODE_PAIRS=0 the tile-splitting one.
+    assert any("pairs" in n for n in default) == (fmt == "auto"), default
     monkeypatch.delenv("MLA_EXT_DECODE_WGMMA")
+    monkeypatch.setenv("MLA_EXT_DECODE_PAIRS", "0")
+    split = _decode_kernels_run(call)
+    assert len(split) == 1 and any("wgmma" in n for n in split) and not any("pairs" in n for n in split), split
+    monkeypatch.delenv("MLA_EXT_DECODE_PAIRS")
     monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
     assert _decode_kernels_run(call) == portable
 

@@ -143,17 +143,24 @@ __device__ __forceinline__ void wgmma_m64n64k16_f16(float (&d)[32], uint64_t des
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
 }
 
-// d[64 x 128] += a[64 x 16] * b[16 x 128], fp16: A from registers (the m16n8k16 A fragment of
-// the warp's 16 rows: a[0] = rows lane / 4, k 2 (lane % 4) + {0, 1}; a[1] = rows + 8; a[2], a[3] =
-// k + 8), B MN-major in shared memory (imm-trans-b = 1). Always accumulates.
-__device__ __forceinline__ void wgmma_m64n128k16_f16_rs_mn(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : MLA_WGMMA_D64(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+// d[64 x 128] += a[64 x 16] * b[16 x 128], bf16 (kBf16) or fp16: A from registers (the m16n8k16 A
+// fragment of the warp's 16 rows: a[0] = rows lane / 4, k 2 (lane % 4) + {0, 1}; a[1] = rows + 8;
+// a[2], a[3] = k + 8), B MN-major in shared memory (imm-trans-b = 1). Always accumulates.
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_m64n128k16_rs_mn(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+#define MLA_WGMMA_N128_RS_MN(TYPE)                                                                                     \
+  asm volatile(                                                                                                       \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                                   \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                                               \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+      "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "  \
+      "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "                    \
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                                                                   \
+      : MLA_WGMMA_D64(d)                                                                                              \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
+  if constexpr (kBf16) MLA_WGMMA_N128_RS_MN("bf16");
+  else MLA_WGMMA_N128_RS_MN("f16");
+#undef MLA_WGMMA_N128_RS_MN
 }
 
 // d[64 x 128] += a[64 x 16] * b[16 x 128], both in shared memory: A K-major, B MN-major (imm-trans-b

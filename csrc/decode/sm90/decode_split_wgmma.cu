@@ -27,6 +27,7 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <type_traits>
 
 #include "absorb/sm90/tma.cuh"
@@ -35,6 +36,7 @@
 #include "decode/decode.h"
 #include "decode/portable/decode_split.cuh"  // dequant_row_to_tile
 #include "decode/portable/split_common.cuh"
+#include "decode/sm90/split_wgmma_common.cuh"
 
 namespace mla::decode::hopper {
 
@@ -43,7 +45,6 @@ using portable::cache_row;
 using portable::dequant_row_to_tile;
 using portable::load_q_rows;
 using portable::part_piece;
-using portable::partial_slot;
 using portable::Piece;
 using portable::schedule_part;
 using portable::SchedulePart;
@@ -52,10 +53,10 @@ using sm80::pack2;
 using sm80::smem_addr;
 
 struct WgmmaSplitConfig {
-  static constexpr int kRows = 64;        // query rows per CTA
+  static constexpr int kRows = kWgmmaRows;
   static constexpr int kThreads = 256;    // 2 warpgroups
   static constexpr int kStages = 2;
-  static constexpr int kBlockBytes = 64 * 128;          // [64 rows][64 dims] 16-bit: one swizzle block
+  static constexpr int kBlockBytes = kSwizzleBlockBytes;
   static constexpr int kTileBytes = 9 * kBlockBytes;    // 576 dims
   static constexpr int kRowChunks = 2 * kLatentDim / 16;  // 72 16-byte chunks per row
   static constexpr int kLoadThreadsPerRow = kThreads / kBlockN;  // 4
@@ -70,12 +71,6 @@ struct WgmmaSplitConfig {
   static_assert(kBlockN == 64 && kLoadThreadsPerRow * kBlockN == kThreads && kOffBars % 8 == 0);
   static_assert(kSmemLaunchBytes <= 227 * 1024, "shared memory budget of sm90");
 };
-
-// Byte offset of 16-byte chunk c (8 dims, 0..71) of row r in a Q or K tile (block c / 8, 128-byte
-// rows, chunk c % 8 XOR-swizzled by r % 8: what the descriptors' 128-byte swizzle reads).
-__device__ __forceinline__ uint32_t sw128(int r, int c) {
-  return static_cast<uint32_t>((c / 8) * WgmmaSplitConfig::kBlockBytes + r * 128 + (((c % 8) ^ (r % 8)) << 4));
-}
 
 // kTma (block sizes that are multiples of 64, cache strides TMA accepts: DecodeParams::kv_map): a
 // K tile is one page, copied by thread 0 as nine [64 rows][128 B] boxes that land in exactly the
@@ -131,14 +126,8 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
     const int seq_len = piece.seq_len, kv_len = piece.kv_len, tile_begin = piece.tile_begin, num_tiles = piece.num_tiles;
     const int32_t* bt = piece.bt;
 
-    // How many leading keys each of this thread's two rows may see (0 for padding rows).
-    int lim[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = row_lo + 8 * h;
-      const int s = (row0 + r) / p.h_q;
-      lim[h] = r >= rows_here ? 0 : p.causal ? min(max(seq_len - p.s_q + 1 + s, 0), seq_len) : seq_len;
-    }
+    int lim[2];  // keys each of this thread's two rows may see
+    row_key_limits(p, row0, rows_here, row_lo, seq_len, seq_len, lim);
 
     // Tile t (relative to the request) into stage `stage`. kTma: threads 0-63 flag their key, thread 0
     // copies the page (page: its block-table entry, read a tile ahead by threads 0-63) or, when the page
@@ -340,61 +329,33 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
         for (int e = 0; e < 64; ++e) sm90::fence_operand(o[v][e]);
     }
 
-    // ---- finish the piece: row sums over the quad and both warpgroups, then write (red was last
-    // read before the previous barrier, so it can take the sums at once).
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float sum = l[h];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      if (qd == 0) red[wg * C::kRows + row_lo + 8 * h] = sum;
-    }
-    __syncthreads();
-    const int num_splits = p.split_info[req * kSplitInfoFields + 0];
-    const int64_t slot = partial_slot(p, part, req, num_splits);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = row_lo + 8 * h;
-      if (r >= rows_here || slot < 0 || slot >= p.max_partials) continue;  // (a hand-made plan's bad slot)
-      const float total = red[r] + red[C::kRows + r];
-      // total == 0: nothing attended (out 0, lse -inf); NaN (NaN in attended rows) propagates.
-      const float inv = total == 0.f ? 0.f : out_scale / total;
-      const float lse2 = total == 0.f ? -INFINITY : m[h] + log2f(total);
-      const int g = row0 + r, sq = g / p.h_q, hq = g % p.h_q;
-#pragma unroll
-      for (int v = 0; v < 2; ++v) {
-        const int d0 = 256 * wg + 128 * v + 2 * qd;
-        if (num_splits <= 1) {
-          T* dst = static_cast<T*>(p.out) + req * p.stride_out_b + sq * p.stride_out_s + hq * p.stride_out_h + d0;
-#pragma unroll
-          for (int j = 0; j < 16; ++j)
-            *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack2<T>(o[v][4 * j + 2 * h] * inv, o[v][4 * j + 2 * h + 1] * inv);
-        } else {
-          float* dst = p.partial_o + (slot * p.num_rows + g) * kKvLoraRank + d0;
-#pragma unroll
-          for (int j = 0; j < 16; ++j)
-            *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[v][4 * j + 2 * h] * inv, o[v][4 * j + 2 * h + 1] * inv);
-        }
-      }
-      if (wg == 0 && qd == 0) {
-        if (num_splits <= 1) p.lse[req * p.stride_lse_b + hq * p.stride_lse_h + sq * p.stride_lse_s] = lse2 * kLn2;
-        else p.partial_lse[slot * p.num_rows + g] = lse2;
-      }
-    }
-    __syncthreads();  // the next piece reuses every shared buffer
+    finish_piece<T>(p, part, req, row0, rows_here, wg, row_lo, red, o, m, l, out_scale);
   }
 #else
   __trap();  // launched on sm90 only
 #endif
 }
 
+// decode_split_wgmma_pairs.cu: 16-bit caches with whole-page TMA tiles, the key tiles taken by the two
+// warpgroups in turns. MLA_EXT_DECODE_PAIRS=0 keeps such caches on this file's kernel (comparisons, tests).
+template <typename T>
+void launch_decode_split_wgmma_pairs(const DecodeParams& p);
+namespace {
+bool pairs_enabled() {
+  const char* v = std::getenv("MLA_EXT_DECODE_PAIRS");
+  return v == nullptr || v[0] != '0';
+}
+}  // namespace
+
 template <typename T, CacheFormat kFormat>
 void launch_decode_split_wgmma(const DecodeParams& p) {
   using C = WgmmaSplitConfig;
   const char* what = "sm90 wgmma decode kernel";
   if constexpr (kFormat == CacheFormat::kAuto) {
-    if (p.tma_tiles && p.tma_box_rows == kBlockN)
+    if (p.tma_tiles && p.tma_box_rows == kBlockN) {
+      if (pairs_enabled()) return launch_decode_split_wgmma_pairs<T>(p);
       return portable::launch_split_kernel(&decode_split_wgmma_kernel<T, kFormat, true>, C::kThreads, C::kSmemLaunchBytes, what, p);
+    }
   }
   portable::launch_split_kernel(&decode_split_wgmma_kernel<T, kFormat, false>, C::kThreads, C::kSmemLaunchBytes, what, p);
 }

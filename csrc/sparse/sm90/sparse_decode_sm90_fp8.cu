@@ -347,7 +347,7 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         // V: keys 16 ks .. + 15 (rows of the K tile), columns 128 vt .. + 127 = blocks 2 vt, 2 vt + 1.
-        sm90::wgmma_m64n128k16_f16_rs_mn(o[v], pa[ks], vv.at(ks * 16 * 128));
+        sm90::wgmma_m64n128k16_rs_mn<false>(o[v], pa[ks], vv.at(ks * 16 * 128));
       }
       sm90::wgmma_commit();
     }

@@ -1,0 +1,405 @@
+// Dense split-KV MLA decode on sm90a for 64-row tiles of a 16-bit cache whose pages are whole
+// 64-key tiles (block sizes that are multiples of 64, TMA maps built: DecodeParams::kv_map): the
+// two warpgroups take the key tiles in turns, so that one warpgroup's softmax runs while the
+// other's MMAs keep the tensor cores busy. (decode_split_wgmma.cu splits every tile over both
+// warpgroups instead: its S, softmax and P V follow one another for the whole CTA, and Nsight
+// Compute saw the tensor pipe at ~43% of the cycles.) Everything around the math is the same:
+// schedule, pieces, masks, partials, epilogue (split_wgmma_common.cuh).
+//
+// Tiles go in pairs: tile 2j lies in stage 0 and warpgroup 0 computes its S, tile 2j + 1 in stage 1
+// for warpgroup 1. Warpgroup g keeps output dims 256 g .. + 255 of all 64 rows (V's half g) and
+// multiplies both tiles' P by it. m is the rows' running maximum, a / b the pair's tiles:
+//   wg 0: softmax of a (m_a = max(m, rowmax S_a)) -> m_a to wg 1; O *= 2^(m - m_a);
+//         O += P_a V_a (P_a from registers); once that is done, the next a's dims 0-255 are copied.
+//   wg 1: softmax of b with m_a (m_b = max(m_a, rowmax S_b)) -> m_b to wg 0; O *= 2^(m - m_b);
+//         P_b to shared memory (stage 1's rope block, free once S_b is done); O += P_b V_b.
+//   wg 0: P_a 2^(m_a - m_b) to shared memory (stage 0's rope block); O *= 2^(m_a - m_b);
+//         O += P_b V_b (P_b from shared memory); S of the next a, its first four dim blocks while
+//         P_b V_b runs, then the next b's dims 0-255 and rope block are copied, then the rest of S.
+//   wg 1: O += P_a' V_a (P_a' from shared memory); once its two P V are done, the next b's dims
+//         256-511 and the next a's dims 256-575 are copied; S of the next b.
+// Every stage has an mbarrier per 64-dim block, so S starts on the blocks that have landed. The
+// two warpgroups meet at four named barriers per pair (m_a, m_b, P_a', P_b ready), always one
+// warpgroup arriving and the other waiting. Shared memory: Q 72 KB + 2 stages of 72 KB + maxima,
+// sums and 18 mbarriers; P needs no buffer of its own.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <type_traits>
+
+#include "absorb/sm90/tma.cuh"
+#include "absorb/sm90/wgmma.cuh"
+#include "common/sm80.cuh"
+#include "decode/decode.h"
+#include "decode/portable/split_common.cuh"
+#include "decode/sm90/split_wgmma_common.cuh"
+
+namespace mla::decode::hopper {
+
+using portable::cache_page;
+using portable::load_q_rows;
+using portable::part_piece;
+using portable::Piece;
+using portable::schedule_part;
+using portable::SchedulePart;
+using sm80::pack2;
+using sm80::smem_addr;
+
+struct PairsConfig {
+  static constexpr int kRows = kWgmmaRows;
+  static constexpr int kThreads = 256;  // 2 warpgroups
+  static constexpr int kBlocks = 9;     // 64-dim blocks of a 576-dim row; block 8 = the rope dims
+  static constexpr int kBlockBytes = kSwizzleBlockBytes;
+  static constexpr int kTileBytes = kBlocks * kBlockBytes;
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffK = kOffQ + kTileBytes;            // stage s at kOffK + s kTileBytes
+  // [2][64] fp32 each, by pair parity (a slot is rewritten two pairs after it was read)
+  static constexpr int kOffMaxA = kOffK + 2 * kTileBytes;     // m_a, wg 0 -> wg 1
+  static constexpr int kOffMaxB = kOffMaxA + 2 * 4 * kRows;   // m_b, wg 1 -> wg 0
+  static constexpr int kOffRed = kOffMaxB + 2 * 4 * kRows;    // [2][64] fp32: row sums at the end
+  static constexpr int kOffBars = kOffRed + 2 * 4 * kRows;    // [2 stages][9 blocks] mbarriers
+  static constexpr int kSmemBytes = kOffBars + 8 * 2 * kBlocks;
+  static constexpr int kSmemLaunchBytes = kSmemBytes + 1024;  // + base alignment of the swizzle atoms
+  static_assert(kBlockN == 64 && kOffBars % 8 == 0);
+  static_assert(kSmemLaunchBytes <= 227 * 1024, "shared memory budget of sm90");
+};
+
+// Named barriers between the warpgroups (0 is __syncthreads): one arrives, the other waits.
+enum PairsBarrier : int { kBarMaxA = 1, kBarMaxB = 2, kBarPa = 3, kBarPb = 4, kBarZero0 = 5 /* + wg: within one warpgroup */ };
+
+template <typename T>
+__global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_pairs_kernel(const __grid_constant__ DecodeParams p) {
+#if MLA_SM90A
+  using C = PairsConfig;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* const smem = sm90::align_to_swizzle_atom(smem_raw);
+  float* const max_a = reinterpret_cast<float*>(smem + C::kOffMaxA);
+  float* const max_b = reinterpret_cast<float*>(smem + C::kOffMaxB);
+  float* const red = reinterpret_cast<float*>(smem + C::kOffRed);
+  const uint32_t q_base = smem_addr(smem + C::kOffQ), k_base = smem_addr(smem + C::kOffK);
+  const uint32_t bars = smem_addr(smem + C::kOffBars);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, qd = lane % 4;
+  // Warpgroup through a shuffle: warp-uniform for the compiler, so the descriptors stay uniform.
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+  const bool issuer = tid % 128 == 0;  // each warpgroup's TMA thread
+  const int row_lo = 16 * (warp % 4) + lane / 4;  // this thread's accumulator rows: row_lo, row_lo + 8
+  const SchedulePart part = schedule_part(p);
+  const int row0 = blockIdx.y * C::kRows;
+  const int rows_here = min(C::kRows, p.num_rows - row0);
+  const float score_scale = p.softmax_scale_log2;
+
+  const sm90::SmemDesc q_desc = sm90::kmajor_sw128(q_base), k_desc = sm90::kmajor_sw128(k_base);
+  // V = a stage's first 512 dims as an MN-major operand: 64-dim blocks 8 KiB apart, 8-key groups 1 KiB apart.
+  const sm90::SmemDesc v_desc = sm90::mnmajor_sw128(k_base, C::kBlockBytes, 1024);
+  auto bar = [&](int stage, int b) { return bars + 8 * (stage * C::kBlocks + b); };
+  if (tid == 0) {
+    for (int i = 0; i < 2 * C::kBlocks; ++i) sm90::mbar_init(bars + 8 * i, 1);
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();
+  uint32_t phase = 0;  // parity of the mbarriers of stage wg (the one this warpgroup computes S on)
+
+  for (int req = part.begin_req; req <= part.end_req; ++req) {
+    const Piece piece = part_piece(p, part, req);
+    const int seq_len = piece.seq_len, kv_len = piece.kv_len, tile_begin = piece.tile_begin, num_tiles = piece.num_tiles;
+    const int32_t* bt = piece.bt;
+    int lim[2];  // keys each of this thread's two rows may see (past kv_len: never loaded)
+    row_key_limits(p, row0, rows_here, row_lo, seq_len, kv_len, lim);
+
+    // Page of tile i of the piece (-1 past the piece; an id outside the cache is copied as nothing).
+    auto tile_page = [&](int i) { return i < num_tiles ? cache_page(p, bt, (tile_begin + i) * kBlockN, kv_len) : -1; };
+    auto page_ok = [&](int page) { return page >= 0 && page < p.num_blocks; };
+    // TMA boxes of dim blocks [b0, b1) of tile i (on page `page`) into `stage`, each counted on its
+    // block's mbarrier; an invalid page arrives without bytes. One thread per call.
+    auto copy_blocks = [&](int i, int page, int stage, int b0, int b1) {
+      const int k0 = (tile_begin + i) * kBlockN;
+      const int row = p.block_div.mod(k0, p.block_div.div(k0));
+      for (int b = b0; b < b1; ++b) {
+        if (page_ok(page)) {
+          sm90::mbar_arrive_expect_tx(bar(stage, b), C::kBlockBytes);
+          sm90::tma_load_3d(k_base + stage * C::kTileBytes + b * C::kBlockBytes, &p.kv_map, bar(stage, b), 128 * b, row, page);
+        } else {
+          sm90::mbar_arrive(bar(stage, b));
+        }
+      }
+    };
+    // Rows of tile i (in `stage`) that hold no key of the sequence (past kv_len, or all of an invalid
+    // page: whatever the stage held before) are zeroed in this warpgroup's half of V: their scores are
+    // masked, but P = 0 times a NaN value is NaN. Rare: the last tile of a sequence.
+    auto zero_invalid_v = [&](int i, int page, int stage) {
+      const int k0 = (tile_begin + i) * kBlockN;
+      if (page_ok(page) && k0 + kBlockN <= kv_len) return;
+      const int valid = page_ok(page) ? kv_len - k0 : 0;
+      for (int idx = tid % 128; idx < kBlockN * 32; idx += 128) {
+        const int r = idx / 32, c = 32 * wg + idx % 32;  // 16-byte chunk c of the 576 dims
+        if (r >= valid) *reinterpret_cast<uint4*>(smem + C::kOffK + stage * C::kTileBytes + sw128(r, c)) = make_uint4(0u, 0u, 0u, 0u);
+      }
+      sm90::fence_proxy_async_smem();
+      sm80::named_barrier(kBarZero0 + wg, 128);
+    };
+    // S of tile i (scores s[4 j + e]: row row_lo + 8 (e / 2), key 8 j + 2 qd + e % 2): masked (select:
+    // a masked score never becomes NaN) and scaled to the exp2 domain; mx = the rows' maxima.
+    auto mask_scores = [&](float (&s)[32], int i, int page, float (&mx)[2]) {
+      const int pos0 = (tile_begin + i) * kBlockN + 2 * qd;
+      const bool ok = page_ok(page);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float& v = s[4 * j + e];
+          v = (ok && pos0 + 8 * j + e % 2 < lim[e / 2]) ? v * score_scale : -INFINITY;
+          mx[e / 2] = fmaxf(mx[e / 2], v);
+        }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      }
+    };
+    // s -> P = 2^(s - m_new) in place, l += the rows' sums (quad-partial). Rows with nothing seen yet
+    // (m_new = -inf) keep P = 0.
+    auto exponentiate = [&](float (&s)[32], const float (&m_new)[2], float (&l)[2]) {
+#pragma unroll
+      for (int e = 0; e < 32; ++e) {
+        const int h = (e % 4) / 2;
+        s[e] = sm80::fast_exp2(s[e] - (m_new[h] == -INFINITY ? 0.f : m_new[h]));
+        l[h] += s[e];
+      }
+    };
+    // P times f (per row) in T into `stage`'s rope block, the [64 rows][64 keys] K-major A operand of the
+    // other warpgroup's P V. (That block was read by this warpgroup's S only, which is done.)
+    auto store_p = [&](const float (&s)[32], const float (&f)[2], int stage) {
+      const uint32_t base = k_base + stage * C::kTileBytes + 8 * C::kBlockBytes;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row_lo + 8 * h;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base + r * 128 + ((j ^ (r % 8)) << 4) + 4 * qd),
+                       "r"(pack2<T>(s[4 * j + 2 * h] * f[h], s[4 * j + 2 * h + 1] * f[h])));
+      }
+      sm90::fence_proxy_async_smem();  // st.shared -> the other warpgroup's wgmma (after a named barrier)
+    };
+    // m -> m_new: the factor 2^(m - m_new) for O and l (exactly 1 when m did not move, so that the
+    // rescale can be skipped).
+    auto move_max = [&](float (&m)[2], const float (&m_new)[2], float (&f)[2]) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        f[h] = m_new[h] == m[h] ? 1.f : sm80::fast_exp2(m[h] - (m_new[h] == -INFINITY ? 0.f : m_new[h]));
+        m[h] = m_new[h];
+      }
+    };
+    auto wgmma_wait_all = [](float (&acc)[2][64]) {
+      sm90::wgmma_wait<0>();
+#pragma unroll
+      for (int v = 0; v < 2; ++v)
+#pragma unroll
+        for (int e = 0; e < 64; ++e) sm90::fence_operand(acc[v][e]);
+    };
+    auto rescale = [](float (&acc)[2][64], const float (&f)[2]) {
+      if (__all_sync(0xffffffffu, f[0] == 1.f && f[1] == 1.f)) return;
+#pragma unroll
+      for (int v = 0; v < 2; ++v)
+#pragma unroll
+        for (int e = 0; e < 64; ++e) acc[v][e] *= f[(e % 4) / 2];
+    };
+    // O += P V over `stage`'s 64 keys and this warpgroup's 256 dims: P from registers (pa, the A
+    // fragments of 4 k-steps) or, when pa is null, from the stage's rope block.
+    auto issue_pv = [&](float (&acc)[2][64], const uint32_t (*pa)[4], int stage) {
+      const uint32_t k_off = stage * C::kTileBytes;
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int v = 0; v < 2; ++v)
+#pragma unroll
+        for (int ks = 0; ks < kBlockN / 16; ++ks) {
+          const uint64_t db = v_desc.at(k_off + (4 * wg + 2 * v) * C::kBlockBytes + 16 * 128 * ks);
+          if (pa != nullptr) sm90::wgmma_m64n128k16_rs_mn<kBf16>(acc[v], pa[ks], db);
+          else sm90::wgmma_m64n128k16_ss_mn<kBf16>(acc[v], k_desc.at(k_off + 8 * C::kBlockBytes + 32 * ks), db);
+        }
+      sm90::wgmma_commit();
+    };
+    // S += Q K^T over dim blocks [b0, b1) of stage wg (in the order first .. first + count, mod 9),
+    // each after its mbarrier; `first_mma` overwrites s.
+    auto issue_s = [&](float (&s)[32], int first, int count, bool first_mma) {
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int n = 0; n < count; ++n) {
+        const int b = (first + n) % C::kBlocks;
+        sm90::mbar_wait(bar(wg, b), phase);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          const uint64_t da = q_desc.at(b * C::kBlockBytes + 32 * ks);
+          const uint64_t db = k_desc.at(wg * C::kTileBytes + b * C::kBlockBytes + 32 * ks);
+          const bool acc = !(first_mma && n == 0 && ks == 0);
+          if constexpr (kBf16) sm90::wgmma_m64n64k16_bf16(s, da, db, acc);
+          else sm90::wgmma_m64n64k16_f16(s, da, db, acc);
+        }
+      }
+      sm90::wgmma_commit();
+    };
+    auto fence_scores = [](float (&s)[32]) {
+#pragma unroll
+      for (int e = 0; e < 32; ++e) sm90::fence_operand(s[e]);
+    };
+
+    float o[2][64];  // this warpgroup's output dims (split_wgmma_common.cuh)
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int v = 0; v < 2; ++v)
+#pragma unroll
+      for (int e = 0; e < 64; ++e) o[v][e] = 0.f;
+    float s[32];
+    int page[2] = {tile_page(0), tile_page(1)};  // the current pair's pages (every thread: masks, zeroing)
+
+    if (num_tiles > 0) {
+      load_q_rows<T, C::kRows, C::kThreads>(p, req, row0, rows_here, tid, q_base, [](int r, int c) { return sw128(r, c); });
+      sm80::cp_async_commit();
+      if (tid == 0) {
+        copy_blocks(0, page[0], 0, 0, C::kBlocks);
+        if (num_tiles > 1) copy_blocks(1, page[1], 1, 0, C::kBlocks);
+      }
+      sm80::cp_async_wait<0>();
+      sm90::fence_proxy_async_smem();  // Q (cp.async, generic proxy) -> wgmma
+    }
+    __syncthreads();
+    if (wg < num_tiles) {  // S of tile wg
+      issue_s(s, 0, C::kBlocks, true);
+      sm90::wgmma_wait<0>();
+      fence_scores(s);
+      phase ^= 1;
+    }
+
+    for (int i = 0; i < num_tiles; i += 2) {  // the pair a = tile i (stage 0), b = tile i + 1 (stage 1)
+      const bool has_b = i + 1 < num_tiles, has_next_a = i + 2 < num_tiles, has_next_b = i + 3 < num_tiles;
+      const int next_page[2] = {tile_page(i + 2), tile_page(i + 3)};
+      float* const pair_max_a = max_a + (i / 2 % 2) * C::kRows;
+      float* const pair_max_b = max_b + (i / 2 % 2) * C::kRows;
+      if (wg == 0) {
+        float mx[2] = {-INFINITY, -INFINITY}, m_new[2], f[2];
+        mask_scores(s, i, page[0], mx);
+        m_new[0] = fmaxf(m[0], mx[0]);
+        m_new[1] = fmaxf(m[1], mx[1]);
+        if (qd == 0) pair_max_a[row_lo] = m_new[0], pair_max_a[row_lo + 8] = m_new[1];
+        sm80::named_barrier_arrive(kBarMaxA, C::kThreads);
+        move_max(m, m_new, f);
+        l[0] *= f[0];
+        l[1] *= f[1];
+        exponentiate(s, m, l);
+        rescale(o, f);
+        uint32_t pa[4][4];
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+          for (int t = 0; t < 4; ++t) pa[ks][t] = pack2<T>(s[8 * ks + 2 * t], s[8 * ks + 2 * t + 1]);
+        zero_invalid_v(i, page[0], 0);
+        issue_pv(o, pa, 0);
+        wgmma_wait_all(o);
+        sm80::named_barrier(kBarMaxB, C::kThreads);  // m_b
+        // Dims 0-255 of stage 0 are free. (Issued after the barrier: with the issuing lane's branch
+        // right before it, racecheck reported the max_b exchange below as a race.)
+        if (issuer && has_next_a) copy_blocks(i + 2, next_page[0], 0, 0, 4);
+        m_new[0] = pair_max_b[row_lo];
+        m_new[1] = pair_max_b[row_lo + 8];
+        move_max(m, m_new, f);
+        l[0] *= f[0];
+        l[1] *= f[1];
+        store_p(s, f, 0);  // P_a relative to m_b
+        sm80::named_barrier_arrive(kBarPa, C::kThreads);
+        sm80::named_barrier(kBarPb, C::kThreads);  // P_b in stage 1's rope block
+        if (has_b) {
+          rescale(o, f);
+          zero_invalid_v(i + 1, page[1], 1);
+          issue_pv(o, nullptr, 1);
+        }
+        if (has_next_a) {
+          issue_s(s, 0, 4, true);
+          sm90::wgmma_wait<1>();  // P_b V_b (and the S MMAs before it are in order behind it)
+          if (issuer && has_next_b) {
+            copy_blocks(i + 3, next_page[1], 1, 0, 4);
+            copy_blocks(i + 3, next_page[1], 1, 8, 9);
+          }
+          issue_s(s, 4, 5, false);
+          sm90::wgmma_wait<0>();
+          fence_scores(s);
+          phase ^= 1;
+        } else {
+          sm90::wgmma_wait<0>();
+        }
+#pragma unroll
+        for (int v = 0; v < 2; ++v)
+#pragma unroll
+          for (int e = 0; e < 64; ++e) sm90::fence_operand(o[v][e]);
+      } else {
+        sm80::named_barrier(kBarMaxA, C::kThreads);  // m_a
+        float mx[2] = {-INFINITY, -INFINITY}, m_new[2], f[2];
+        m_new[0] = pair_max_a[row_lo];
+        m_new[1] = pair_max_a[row_lo + 8];
+        move_max(m, m_new, f);  // f = 2^(m - m_a)
+        if (has_b) mask_scores(s, i + 1, page[1], mx);
+        m_new[0] = fmaxf(m[0], mx[0]);
+        m_new[1] = fmaxf(m[1], mx[1]);
+        if (qd == 0) pair_max_b[row_lo] = m_new[0], pair_max_b[row_lo + 8] = m_new[1];
+        sm80::named_barrier_arrive(kBarMaxB, C::kThreads);
+        float g[2];
+        move_max(m, m_new, g);  // g = 2^(m_a - m_b)
+        f[0] *= g[0];
+        f[1] *= g[1];
+        l[0] *= f[0];
+        l[1] *= f[1];
+        rescale(o, f);
+        uint32_t pb[4][4];
+        if (has_b) {
+          exponentiate(s, m, l);
+          const float one[2] = {1.f, 1.f};
+          store_p(s, one, 1);
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+            for (int t = 0; t < 4; ++t) pb[ks][t] = pack2<T>(s[8 * ks + 2 * t], s[8 * ks + 2 * t + 1]);
+        }
+        sm80::named_barrier_arrive(kBarPb, C::kThreads);
+        if (has_b) {
+          zero_invalid_v(i + 1, page[1], 1);
+          issue_pv(o, pb, 1);
+        }
+        sm80::named_barrier(kBarPa, C::kThreads);  // P_a' in stage 0's rope block
+        zero_invalid_v(i, page[0], 0);
+        issue_pv(o, nullptr, 0);
+        if (has_b) {
+          sm90::wgmma_wait<1>();  // P_b V_b
+          if (issuer && has_next_b) copy_blocks(i + 3, next_page[1], 1, 4, 8);
+        }
+        wgmma_wait_all(o);
+        if (issuer && has_next_a) copy_blocks(i + 2, next_page[0], 0, 4, C::kBlocks);
+        if (has_next_b) {
+          issue_s(s, 4, C::kBlocks, true);  // blocks 4-7 (copied just above), then 8, 0-3 (by warpgroup 0)
+          sm90::wgmma_wait<0>();
+          fence_scores(s);
+          phase ^= 1;
+        }
+      }
+      page[0] = next_page[0];
+      page[1] = next_page[1];
+    }
+
+    finish_piece<T>(p, part, req, row0, rows_here, wg, row_lo, red, o, m, l, 1.f);
+  }
+#else
+  __trap();  // launched on sm90 only
+#endif
+}
+
+template <typename T>
+void launch_decode_split_wgmma_pairs(const DecodeParams& p) {
+  using C = PairsConfig;
+  portable::launch_split_kernel(&decode_split_wgmma_pairs_kernel<T>, C::kThreads, C::kSmemLaunchBytes,
+                                "sm90 wgmma decode kernel (tile pairs)", p);
+}
+
+template void launch_decode_split_wgmma_pairs<__nv_bfloat16>(const DecodeParams&);
+template void launch_decode_split_wgmma_pairs<__half>(const DecodeParams&);
+
+}  // namespace mla::decode::hopper
