@@ -1,7 +1,8 @@
 // Dense split-KV MLA decode on sm90a for 64-row tiles: S = Q K^T and O += P V on wgmma. The
 // portable kernel (portable/decode_split.cuh) runs these compute-bound shapes (more than 32 query
 // rows: h_q >= 33, or s_q x h_q > 32) on mma.sync at ~170 TFLOPS (bf16); everything around the math
-// is the same: schedule, pieces, masks, partials, epilogue.
+// is the same: schedule, pieces, masks, partials, epilogue. 16-bit caches in whole 64-key pages run
+// decode_split_wgmma_pairs.cu instead (the key tiles in turns; MLA_EXT_DECODE_PAIRS=0 keeps them here).
 //
 // One CTA = 2 warpgroups = one part of the schedule x 64 query rows (row = s * h_q + h). Per
 // 64-key tile:

@@ -19,9 +19,9 @@
 //   wg 1: O += P_a' V_a (P_a' from shared memory); once its two P V are done, the next b's dims
 //         256-511 and the next a's dims 256-575 are copied; S of the next b.
 // Every stage has an mbarrier per 64-dim block, so S starts on the blocks that have landed. The
-// two warpgroups meet at four named barriers per pair (m_a, m_b, P_a', P_b ready), always one
-// warpgroup arriving and the other waiting. Shared memory: Q 72 KB + 2 stages of 72 KB + maxima,
-// sums and 18 mbarriers; P needs no buffer of its own.
+// two warpgroups meet four times per pair (m_a, m_b, P_a', P_b ready), always one warpgroup arriving
+// and the other waiting: named barriers, m_b an mbarrier. Shared memory: Q 72 KB + 2 stages of 72 KB
+// + maxima, sums and 19 mbarriers; P needs no buffer of its own.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -58,15 +58,20 @@ struct PairsConfig {
   static constexpr int kOffMaxA = kOffK + 2 * kTileBytes;     // m_a, wg 0 -> wg 1
   static constexpr int kOffMaxB = kOffMaxA + 2 * 4 * kRows;   // m_b, wg 1 -> wg 0
   static constexpr int kOffRed = kOffMaxB + 2 * 4 * kRows;    // [2][64] fp32: row sums at the end
-  static constexpr int kOffBars = kOffRed + 2 * 4 * kRows;    // [2 stages][9 blocks] mbarriers
-  static constexpr int kSmemBytes = kOffBars + 8 * 2 * kBlocks;
+  static constexpr int kOffBars = kOffRed + 2 * 4 * kRows;    // [2 stages][9 blocks] mbarriers, then m_b's
+  static constexpr int kSmemBytes = kOffBars + 8 * (2 * kBlocks + 1);
   static constexpr int kSmemLaunchBytes = kSmemBytes + 1024;  // + base alignment of the swizzle atoms
   static_assert(kBlockN == 64 && kOffBars % 8 == 0);
   static_assert(kSmemLaunchBytes <= 227 * 1024, "shared memory budget of sm90");
 };
 
 // Named barriers between the warpgroups (0 is __syncthreads): one arrives, the other waits.
-enum PairsBarrier : int { kBarMaxA = 1, kBarMaxB = 2, kBarPa = 3, kBarPb = 4, kBarZero0 = 5 /* + wg: within one warpgroup */ };
+// m_b goes through an mbarrier instead (max_b_bar below): handed from warpgroup 1 to 0 by bar.arrive ->
+// bar.sync, compute-sanitizer racecheck reported it as a race, as it does for that hand-off alone in
+// bench/micro/racecheck_handoff_probe.cu unless an unrelated warpgroup-local barrier is added. (With the
+// mbarrier it reports the row sums of finish_piece instead, which __syncthreads orders: see
+// csrc/decode/README.md.)
+enum PairsBarrier : int { kBarMaxA = 1, kBarPa = 3, kBarPb = 4, kBarZero0 = 5 /* + wg: within one warpgroup */ };
 
 template <typename T>
 __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_pairs_kernel(const __grid_constant__ DecodeParams p) {
@@ -95,12 +100,15 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
   // V = a stage's first 512 dims as an MN-major operand: 64-dim blocks 8 KiB apart, 8-key groups 1 KiB apart.
   const sm90::SmemDesc v_desc = sm90::mnmajor_sw128(k_base, C::kBlockBytes, 1024);
   auto bar = [&](int stage, int b) { return bars + 8 * (stage * C::kBlocks + b); };
+  const uint32_t max_b_bar = bars + 8 * 2 * C::kBlocks;  // warpgroup 1's 128 threads arrive once per pair
   if (tid == 0) {
     for (int i = 0; i < 2 * C::kBlocks; ++i) sm90::mbar_init(bars + 8 * i, 1);
+    sm90::mbar_init(max_b_bar, 128);
     sm90::mbar_init_fence();
   }
   __syncthreads();
-  uint32_t phase = 0;  // parity of the mbarriers of stage wg (the one this warpgroup computes S on)
+  uint32_t phase = 0;        // parity of the mbarriers of stage wg (the one this warpgroup computes S on)
+  uint32_t max_b_phase = 0;  // warpgroup 0: parity of max_b_bar
 
   for (int req = part.begin_req; req <= part.end_req; ++req) {
     const Piece piece = part_piece(p, part, req);
@@ -138,7 +146,8 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         if (r >= valid) *reinterpret_cast<uint4*>(smem + C::kOffK + stage * C::kTileBytes + sw128(r, c)) = make_uint4(0u, 0u, 0u, 0u);
       }
       sm90::fence_proxy_async_smem();
-      sm80::named_barrier(kBarZero0 + wg, 128);
+      if (wg == 0) sm80::named_barrier(kBarZero0, 128);  // (immediate ids: a register id makes ptxas
+      else sm80::named_barrier(kBarZero0 + 1, 128);     // reserve all 16 hardware barriers)
     };
     // S of tile i (scores s[4 j + e]: row row_lo + 8 (e / 2), key 8 j + 2 qd + e % 2): masked (select:
     // a masked score never becomes NaN) and scaled to the exp2 domain; mx = the rows' maxima.
@@ -297,10 +306,9 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         zero_invalid_v(i, page[0], 0);
         issue_pv(o, pa, 0);
         wgmma_wait_all(o);
-        sm80::named_barrier(kBarMaxB, C::kThreads);  // m_b
-        // Dims 0-255 of stage 0 are free. (Issued after the barrier: with the issuing lane's branch
-        // right before it, racecheck reported the max_b exchange below as a race.)
-        if (issuer && has_next_a) copy_blocks(i + 2, next_page[0], 0, 0, 4);
+        sm90::mbar_wait(max_b_bar, max_b_phase);  // m_b
+        max_b_phase ^= 1;
+        if (issuer && has_next_a) copy_blocks(i + 2, next_page[0], 0, 0, 4);  // dims 0-255 of stage 0 are free
         m_new[0] = pair_max_b[row_lo];
         m_new[1] = pair_max_b[row_lo + 8];
         move_max(m, m_new, f);
@@ -342,7 +350,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         m_new[0] = fmaxf(m[0], mx[0]);
         m_new[1] = fmaxf(m[1], mx[1]);
         if (qd == 0) pair_max_b[row_lo] = m_new[0], pair_max_b[row_lo + 8] = m_new[1];
-        sm80::named_barrier_arrive(kBarMaxB, C::kThreads);
+        sm90::mbar_arrive(max_b_bar);  // (release: this thread's writes)
         float g[2];
         move_max(m, m_new, g);  // g = 2^(m_a - m_b)
         f[0] *= g[0];
