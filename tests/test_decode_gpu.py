@@ -236,8 +236,9 @@ def test_64_row_tiles(fmt, path, dtype, lens, s_q, h_q, block_size, monkeypatch)
 @pytest.mark.parametrize("fmt,block_size", [("auto", 16), ("auto", 64), ("auto", 128), ("fp8", 16), ("fp8_ds_mla", 16)])
 def test_small_wgmma_64_rows(fmt, block_size):
     """Small cases of the sm90 64-row wgmma kernel for the sanitizers (-k small): split and whole
-    requests, rows past the sequence in the last tile (cp.async at block size 16; at 64, TMA pages
-    whose unused rows hold NaN and are zeroed; fp8_ds_mla through the staging buffer)."""
+    requests, rows past the sequence in the last tile (cp.async at block size 16; at 64 and 128 the
+    tile-pairs kernel, TMA pages whose unused rows hold NaN and are zeroed; fp8_ds_mla through the
+    staging buffer)."""
     inp = make_inputs([0, 1, 65, 130, 300], 2, 64, block_size, fmt, arbitrary_scales=fmt == "fp8_ds_mla", device="cuda")
     if fmt == "fp8_ds_mla":
         check_rounded_tiles(inp, causal=True)

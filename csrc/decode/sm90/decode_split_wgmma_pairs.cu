@@ -10,14 +10,15 @@
 // for warpgroup 1. Warpgroup g keeps output dims 256 g .. + 255 of all 64 rows (V's half g) and
 // multiplies both tiles' P by it. m is the rows' running maximum, a / b the pair's tiles:
 //   wg 0: softmax of a (m_a = max(m, rowmax S_a)) -> m_a to wg 1; O *= 2^(m - m_a);
-//         O += P_a V_a (P_a from registers); once that is done, the next a's dims 0-255 are copied.
+//         O += P_a V_a (P_a from registers); once that is done and m_b has come, the next a's
+//         dims 0-255 are copied.
 //   wg 1: softmax of b with m_a (m_b = max(m_a, rowmax S_b)) -> m_b to wg 0; O *= 2^(m - m_b);
 //         P_b to shared memory (stage 1's rope block, free once S_b is done); O += P_b V_b.
 //   wg 0: P_a 2^(m_a - m_b) to shared memory (stage 0's rope block); O *= 2^(m_a - m_b);
 //         O += P_b V_b (P_b from shared memory); S of the next a, its first four dim blocks while
 //         P_b V_b runs, then the next b's dims 0-255 and rope block are copied, then the rest of S.
-//   wg 1: O += P_a' V_a (P_a' from shared memory); once its two P V are done, the next b's dims
-//         256-511 and the next a's dims 256-575 are copied; S of the next b.
+//   wg 1: O += P_a' V_a (P_a' from shared memory); once P_b V_b is done the next b's dims 256-511
+//         are copied, once P_a' V_a is done the next a's dims 256-575; S of the next b.
 // Every stage has an mbarrier per 64-dim block, so S starts on the blocks that have landed. The
 // two warpgroups meet four times per pair (m_a, m_b, P_a', P_b ready), always one warpgroup arriving
 // and the other waiting: named barriers, m_b an mbarrier. Shared memory: Q 72 KB + 2 stages of 72 KB
@@ -54,7 +55,8 @@ struct PairsConfig {
   static constexpr int kTileBytes = kBlocks * kBlockBytes;
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + kTileBytes;            // stage s at kOffK + s kTileBytes
-  // [2][64] fp32 each, by pair parity (a slot is rewritten two pairs after it was read)
+  // [2][64] fp32 each, by pair parity (a slot is rewritten two pairs after it was read; one slot would
+  // also be ordered by the barriers, the parity stayed from the racecheck experiments)
   static constexpr int kOffMaxA = kOffK + 2 * kTileBytes;     // m_a, wg 0 -> wg 1
   static constexpr int kOffMaxB = kOffMaxA + 2 * 4 * kRows;   // m_b, wg 1 -> wg 0
   static constexpr int kOffRed = kOffMaxB + 2 * 4 * kRows;    // [2][64] fp32: row sums at the end
@@ -65,7 +67,10 @@ struct PairsConfig {
   static_assert(kSmemLaunchBytes <= 227 * 1024, "shared memory budget of sm90");
 };
 
-// Named barriers between the warpgroups (0 is __syncthreads): one arrives, the other waits.
+// Named barriers between the warpgroups (0 is __syncthreads): one arrives, the other waits. (Id 2 was m_b's
+// and is unused: renumbering is left for the next run on the GPU.) The warpgroup that does not compute a
+// stage's S reads (and zeroes) that stage's TMA rows without waiting on its mbarriers: the other
+// warpgroup's wait, then its arrival at a named barrier this one waits at, orders them.
 // m_b goes through an mbarrier instead (max_b_bar below): handed from warpgroup 1 to 0 by bar.arrive ->
 // bar.sync, compute-sanitizer racecheck reported it as a race, as it does for that hand-off alone in
 // bench/micro/racecheck_handoff_probe.cu unless an unrelated warpgroup-local barrier is added. (With the
@@ -230,8 +235,8 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         }
       sm90::wgmma_commit();
     };
-    // S += Q K^T over dim blocks [b0, b1) of stage wg (in the order first .. first + count, mod 9),
-    // each after its mbarrier; `first_mma` overwrites s.
+    // S += Q K^T over `count` dim blocks of stage wg, first .. first + count - 1 (mod 9), each after its
+    // mbarrier; `first_mma` overwrites s.
     auto issue_s = [&](float (&s)[32], int first, int count, bool first_mma) {
       sm90::wgmma_fence();
 #pragma unroll
