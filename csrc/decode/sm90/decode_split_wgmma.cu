@@ -233,12 +233,8 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
         }
       sm90::wgmma_commit();
       sm90::wgmma_wait<0>();  // S of tile i, and before it this warpgroup's P V of tile i - 1
-#pragma unroll
-      for (int e = 0; e < 16; ++e) sm90::fence_operand(s[e]);
-#pragma unroll
-      for (int v = 0; v < 2; ++v)
-#pragma unroll
-        for (int e = 0; e < 64; ++e) sm90::fence_operand(o[v][e]);
+      fence_accumulators(s);
+      fence_accumulators(o);
 
       // ---- mask (select: a masked score never becomes NaN), exp2-domain scale, row maxima.
       const int key_lo = 32 * wg + 2 * qd;                       // + 8 j + e % 2
@@ -290,20 +286,12 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
                        "r"(pack2<T>(p0, p1)));
         }
       }
-      if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
-#pragma unroll
-        for (int v = 0; v < 2; ++v)
-#pragma unroll
-          for (int e = 0; e < 64; ++e) o[v][e] *= alpha[(e % 4) / 2];
-      }
+      rescale_rows(o, alpha);
       sm90::fence_proxy_async_smem();  // P's st.shared -> wgmma
       __syncthreads();                 // P of both warpgroups written
 
       // ---- O[:, 256 wg ..] += P V: keys 16 ks .. + 15, dims 256 wg + 128 v .. + 127 (blocks 4 wg + 2 v, + 1).
-#pragma unroll
-      for (int v = 0; v < 2; ++v)
-#pragma unroll
-        for (int e = 0; e < 64; ++e) sm90::fence_operand(o[v][e]);
+      fence_accumulators(o);
       sm90::wgmma_fence();
 #pragma unroll
       for (int v = 0; v < 2; ++v)
@@ -315,19 +303,13 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
       // (S waits for them). kConvert: its one K tile is rewritten after the next barrier.
       if constexpr (kConvert) {
         sm90::wgmma_wait<0>();
-#pragma unroll
-        for (int v = 0; v < 2; ++v)
-#pragma unroll
-          for (int e = 0; e < 64; ++e) sm90::fence_operand(o[v][e]);
+        fence_accumulators(o);
       }
     }
     sm80::cp_async_wait<0>();
     if constexpr (!kConvert) {
       sm90::wgmma_wait<0>();  // the last tile's P V
-#pragma unroll
-      for (int v = 0; v < 2; ++v)
-#pragma unroll
-        for (int e = 0; e < 64; ++e) sm90::fence_operand(o[v][e]);
+      fence_accumulators(o);
     }
 
     finish_piece<T>(p, part, req, row0, rows_here, wg, row_lo, red, o, m, l, out_scale);

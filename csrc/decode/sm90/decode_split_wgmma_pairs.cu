@@ -208,17 +208,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
     };
     auto wgmma_wait_all = [](float (&acc)[2][64]) {
       sm90::wgmma_wait<0>();
-#pragma unroll
-      for (int v = 0; v < 2; ++v)
-#pragma unroll
-        for (int e = 0; e < 64; ++e) sm90::fence_operand(acc[v][e]);
-    };
-    auto rescale = [](float (&acc)[2][64], const float (&f)[2]) {
-      if (__all_sync(0xffffffffu, f[0] == 1.f && f[1] == 1.f)) return;
-#pragma unroll
-      for (int v = 0; v < 2; ++v)
-#pragma unroll
-        for (int e = 0; e < 64; ++e) acc[v][e] *= f[(e % 4) / 2];
+      fence_accumulators(acc);
     };
     // O += P V over `stage`'s 64 keys and this warpgroup's 256 dims: P from registers (pa, the A
     // fragments of 4 k-steps) or, when pa is null, from the stage's rope block.
@@ -254,10 +244,6 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
       }
       sm90::wgmma_commit();
     };
-    auto fence_scores = [](float (&s)[32]) {
-#pragma unroll
-      for (int e = 0; e < 32; ++e) sm90::fence_operand(s[e]);
-    };
 
     float o[2][64];  // this warpgroup's output dims (split_wgmma_common.cuh)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -282,7 +268,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
     if (wg < num_tiles) {  // S of tile wg
       issue_s(s, 0, C::kBlocks, true);
       sm90::wgmma_wait<0>();
-      fence_scores(s);
+      fence_accumulators(s);
       phase ^= 1;
     }
 
@@ -302,7 +288,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         l[0] *= f[0];
         l[1] *= f[1];
         exponentiate(s, m, l);
-        rescale(o, f);
+        rescale_rows(o, f);
         uint32_t pa[4][4];
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks)
@@ -323,7 +309,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         sm80::named_barrier_arrive(kBarPa, C::kThreads);
         sm80::named_barrier(kBarPb, C::kThreads);  // P_b in stage 1's rope block
         if (has_b) {
-          rescale(o, f);
+          rescale_rows(o, f);
           zero_invalid_v(i + 1, page[1], 1);
           issue_pv(o, nullptr, 1);
         }
@@ -336,15 +322,12 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
           }
           issue_s(s, 4, 5, false);
           sm90::wgmma_wait<0>();
-          fence_scores(s);
+          fence_accumulators(s);
           phase ^= 1;
         } else {
           sm90::wgmma_wait<0>();
         }
-#pragma unroll
-        for (int v = 0; v < 2; ++v)
-#pragma unroll
-          for (int e = 0; e < 64; ++e) sm90::fence_operand(o[v][e]);
+        fence_accumulators(o);
       } else {
         sm80::named_barrier(kBarMaxA, C::kThreads);  // m_a
         float mx[2] = {-INFINITY, -INFINITY}, m_new[2], f[2];
@@ -362,7 +345,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         f[1] *= g[1];
         l[0] *= f[0];
         l[1] *= f[1];
-        rescale(o, f);
+        rescale_rows(o, f);
         uint32_t pb[4][4];
         if (has_b) {
           exponentiate(s, m, l);
@@ -390,7 +373,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         if (has_next_b) {
           issue_s(s, 4, C::kBlocks, true);  // blocks 4-7 (copied just above), then 8, 0-3 (by warpgroup 0)
           sm90::wgmma_wait<0>();
-          fence_scores(s);
+          fence_accumulators(s);
           phase ^= 1;
         }
       }

@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "absorb/sm90/wgmma.cuh"
 #include "common/sm80.cuh"
 #include "decode/decode.h"
 #include "decode/portable/split_common.cuh"
@@ -20,6 +21,28 @@ inline constexpr int kSwizzleBlockBytes = 64 * 128;  // [64 rows][64 dims] 16-bi
 // rows, chunk c % 8 XOR-swizzled by r % 8: what the descriptors' 128-byte swizzle reads).
 __device__ __forceinline__ uint32_t sw128(int r, int c) {
   return static_cast<uint32_t>((c / 8) * kSwizzleBlockBytes + r * 128 + (((c % 8) ^ (r % 8)) << 4));
+}
+
+// Keeps the compiler from moving reads / writes of wgmma accumulators across wgmma issue and wait
+// (sm90::fence_operand on every element: S or O of one thread).
+template <int N>
+__device__ __forceinline__ void fence_accumulators(float (&acc)[N]) {
+#pragma unroll
+  for (int e = 0; e < N; ++e) sm90::fence_operand(acc[e]);
+}
+__device__ __forceinline__ void fence_accumulators(float (&o)[2][64]) {
+  fence_accumulators(o[0]);
+  fence_accumulators(o[1]);
+}
+
+// O's rows times f (f[h]: row row_lo + 8 h), skipped when every f of the warp is exactly 1 (the running
+// maxima did not move).
+__device__ __forceinline__ void rescale_rows(float (&o)[2][64], const float (&f)[2]) {
+  if (__all_sync(0xffffffffu, f[0] == 1.f && f[1] == 1.f)) return;
+#pragma unroll
+  for (int v = 0; v < 2; ++v)
+#pragma unroll
+    for (int e = 0; e < 64; ++e) o[v][e] *= f[(e % 4) / 2];
 }
 
 // How many leading keys each of this thread's two rows (row_lo, row_lo + 8) may see: the causal
