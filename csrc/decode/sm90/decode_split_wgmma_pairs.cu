@@ -10,8 +10,7 @@
 // for warpgroup 1. Warpgroup g keeps output dims 256 g .. + 255 of all 64 rows (V's half g) and
 // multiplies both tiles' P by it. m is the rows' running maximum, a / b the pair's tiles:
 //   wg 0: softmax of a (m_a = max(m, rowmax S_a)) -> m_a to wg 1; O *= 2^(m - m_a);
-//         O += P_a V_a (P_a from registers); once that is done and m_b has come, the next a's
-//         dims 0-255 are copied.
+//         O += P_a V_a (P_a from registers); once that is done, the next a's dims 0-255 are copied.
 //   wg 1: softmax of b with m_a (m_b = max(m_a, rowmax S_b)) -> m_b to wg 0; O *= 2^(m - m_b);
 //         P_b to shared memory (stage 1's rope block, free once S_b is done); O += P_b V_b.
 //   wg 0: P_a 2^(m_a - m_b) to shared memory (stage 0's rope block); O *= 2^(m_a - m_b);
@@ -21,8 +20,8 @@
 //         are copied, once P_a' V_a is done the next a's dims 256-575; S of the next b.
 // Every stage has an mbarrier per 64-dim block, so S starts on the blocks that have landed. The
 // two warpgroups meet four times per pair (m_a, m_b, P_a', P_b ready), always one warpgroup arriving
-// and the other waiting: named barriers, m_b an mbarrier. Shared memory: Q 72 KB + 2 stages of 72 KB
-// + maxima, sums and 19 mbarriers; P needs no buffer of its own.
+// and the other waiting, each time on an mbarrier of its own. Shared memory: Q 72 KB + 2 stages of 72 KB
+// + maxima, sums and 22 mbarriers; P needs no buffer of its own.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -53,30 +52,34 @@ struct PairsConfig {
   static constexpr int kBlocks = 9;     // 64-dim blocks of a 576-dim row; block 8 = the rope dims
   static constexpr int kBlockBytes = kSwizzleBlockBytes;
   static constexpr int kTileBytes = kBlocks * kBlockBytes;
+  static constexpr int kHandOffs = 4;   // m_a, m_b, P_a', P_b: one mbarrier each
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + kTileBytes;            // stage s at kOffK + s kTileBytes
   // [2][64] fp32 each, by pair parity (a slot is rewritten two pairs after it was read; one slot would
-  // also be ordered by the barriers, the parity stayed from the racecheck experiments)
+  // also be ordered by the hand-offs, the parity stayed from the racecheck experiments)
   static constexpr int kOffMaxA = kOffK + 2 * kTileBytes;     // m_a, wg 0 -> wg 1
   static constexpr int kOffMaxB = kOffMaxA + 2 * 4 * kRows;   // m_b, wg 1 -> wg 0
   static constexpr int kOffRed = kOffMaxB + 2 * 4 * kRows;    // [2][64] fp32: row sums at the end
-  static constexpr int kOffBars = kOffRed + 2 * 4 * kRows;    // [2 stages][9 blocks] mbarriers, then m_b's
-  static constexpr int kSmemBytes = kOffBars + 8 * (2 * kBlocks + 1);
+  static constexpr int kOffBars = kOffRed + 2 * 4 * kRows;    // [2 stages][9 blocks] mbarriers, then the hand-offs'
+  static constexpr int kSmemBytes = kOffBars + 8 * (2 * kBlocks + kHandOffs);
   static constexpr int kSmemLaunchBytes = kSmemBytes + 1024;  // + base alignment of the swizzle atoms
   static_assert(kBlockN == 64 && kOffBars % 8 == 0);
   static_assert(kSmemLaunchBytes <= 227 * 1024, "shared memory budget of sm90");
 };
 
-// Named barriers between the warpgroups (0 is __syncthreads): one arrives, the other waits. (Id 2 was m_b's
-// and is unused: renumbering is left for the next run on the GPU.) The warpgroup that does not compute a
-// stage's S reads (and zeroes) that stage's TMA rows without waiting on its mbarriers: the other
-// warpgroup's wait, then its arrival at a named barrier this one waits at, orders them.
-// m_b goes through an mbarrier instead (max_b_bar below): handed from warpgroup 1 to 0 by bar.arrive ->
-// bar.sync, compute-sanitizer racecheck reported it as a race, as it does for that hand-off alone in
-// bench/micro/racecheck_handoff_probe.cu unless an unrelated warpgroup-local barrier is added. (With the
-// mbarrier it reports the row sums of finish_piece instead, which __syncthreads orders: see
-// csrc/decode/README.md.)
-enum PairsBarrier : int { kBarMaxA = 1, kBarPa = 3, kBarPb = 4, kBarZero0 = 5 /* + wg: within one warpgroup */ };
+// The hand-offs between the warpgroups, once per pair each: the 128 threads of one warpgroup arrive
+// on the hand-off's mbarrier (release: their shared-memory writes), the other warpgroup waits for the
+// pair's phase. Each can complete only once before it is waited for: a warpgroup arrives at a
+// hand-off of the next pair only after it has waited for one that the other warpgroup gives after
+// its wait here. The warpgroup that does not compute a stage's S reads (and zeroes) that stage's TMA
+// rows without waiting on its block mbarriers: the other warpgroup's wait, then its arrival at a
+// hand-off this one waits for, orders them.
+// (Named barriers, bar.arrive -> bar.sync, did the same job as fast, but compute-sanitizer
+// racecheck reported the warpgroup 1 -> 0 hand-offs as races, as it does for that hand-off alone in
+// bench/micro/racecheck_handoff_probe.cu: csrc/decode/README.md, "Racecheck".)
+enum PairsHandOff : int { kMaxA = 0, kMaxB = 1, kPa = 2, kPb = 3 };
+// The only named barriers left: within one warpgroup (0 is __syncthreads).
+inline constexpr int kBarZero0 = 1;  // + wg
 
 template <typename T>
 __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_pairs_kernel(const __grid_constant__ DecodeParams p) {
@@ -105,15 +108,16 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
   // V = a stage's first 512 dims as an MN-major operand: 64-dim blocks 8 KiB apart, 8-key groups 1 KiB apart.
   const sm90::SmemDesc v_desc = sm90::mnmajor_sw128(k_base, C::kBlockBytes, 1024);
   auto bar = [&](int stage, int b) { return bars + 8 * (stage * C::kBlocks + b); };
-  const uint32_t max_b_bar = bars + 8 * 2 * C::kBlocks;  // warpgroup 1's 128 threads arrive once per pair
+  const uint32_t hand_off_bars = bars + 8 * 2 * C::kBlocks;
+  auto hand_off = [&](PairsHandOff h) { return hand_off_bars + 8 * h; };
   if (tid == 0) {
     for (int i = 0; i < 2 * C::kBlocks; ++i) sm90::mbar_init(bars + 8 * i, 1);
-    sm90::mbar_init(max_b_bar, 128);
+    for (int h = 0; h < C::kHandOffs; ++h) sm90::mbar_init(hand_off_bars + 8 * h, 128);
     sm90::mbar_init_fence();
   }
   __syncthreads();
-  uint32_t phase = 0;        // parity of the mbarriers of stage wg (the one this warpgroup computes S on)
-  uint32_t max_b_phase = 0;  // warpgroup 0: parity of max_b_bar
+  uint32_t phase = 0;       // parity of the mbarriers of stage wg (the one this warpgroup computes S on)
+  uint32_t pair_phase = 0;  // parity of the hand-offs: pairs so far, over all pieces
 
   for (int req = part.begin_req; req <= part.end_req; ++req) {
     const Piece piece = part_piece(p, part, req);
@@ -195,7 +199,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base + r * 128 + ((j ^ (r % 8)) << 4) + 4 * qd),
                        "r"(pack2<T>(s[4 * j + 2 * h] * f[h], s[4 * j + 2 * h + 1] * f[h])));
       }
-      sm90::fence_proxy_async_smem();  // st.shared -> the other warpgroup's wgmma (after a named barrier)
+      sm90::fence_proxy_async_smem();  // st.shared -> the other warpgroup's wgmma (after a hand-off)
     };
     // m -> m_new: the factor 2^(m - m_new) for O and l (exactly 1 when m did not move, so that the
     // rescale can be skipped).
@@ -283,7 +287,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         m_new[0] = fmaxf(m[0], mx[0]);
         m_new[1] = fmaxf(m[1], mx[1]);
         if (qd == 0) pair_max_a[row_lo] = m_new[0], pair_max_a[row_lo + 8] = m_new[1];
-        sm80::named_barrier_arrive(kBarMaxA, C::kThreads);
+        sm90::mbar_arrive(hand_off(kMaxA));
         move_max(m, m_new, f);
         l[0] *= f[0];
         l[1] *= f[1];
@@ -297,17 +301,16 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         zero_invalid_v(i, page[0], 0);
         issue_pv(o, pa, 0);
         wgmma_wait_all(o);
-        sm90::mbar_wait(max_b_bar, max_b_phase);  // m_b
-        max_b_phase ^= 1;
         if (issuer && has_next_a) copy_blocks(i + 2, next_page[0], 0, 0, 4);  // dims 0-255 of stage 0 are free
+        sm90::mbar_wait(hand_off(kMaxB), pair_phase);
         m_new[0] = pair_max_b[row_lo];
         m_new[1] = pair_max_b[row_lo + 8];
         move_max(m, m_new, f);
         l[0] *= f[0];
         l[1] *= f[1];
         store_p(s, f, 0);  // P_a relative to m_b
-        sm80::named_barrier_arrive(kBarPa, C::kThreads);
-        sm80::named_barrier(kBarPb, C::kThreads);  // P_b in stage 1's rope block
+        sm90::mbar_arrive(hand_off(kPa));
+        sm90::mbar_wait(hand_off(kPb), pair_phase);  // P_b in stage 1's rope block
         if (has_b) {
           rescale_rows(o, f);
           zero_invalid_v(i + 1, page[1], 1);
@@ -329,7 +332,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         }
         fence_accumulators(o);
       } else {
-        sm80::named_barrier(kBarMaxA, C::kThreads);  // m_a
+        sm90::mbar_wait(hand_off(kMaxA), pair_phase);
         float mx[2] = {-INFINITY, -INFINITY}, m_new[2], f[2];
         m_new[0] = pair_max_a[row_lo];
         m_new[1] = pair_max_a[row_lo + 8];
@@ -338,7 +341,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         m_new[0] = fmaxf(m[0], mx[0]);
         m_new[1] = fmaxf(m[1], mx[1]);
         if (qd == 0) pair_max_b[row_lo] = m_new[0], pair_max_b[row_lo + 8] = m_new[1];
-        sm90::mbar_arrive(max_b_bar);  // (release: this thread's writes)
+        sm90::mbar_arrive(hand_off(kMaxB));
         float g[2];
         move_max(m, m_new, g);  // g = 2^(m_a - m_b)
         f[0] *= g[0];
@@ -356,12 +359,12 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
 #pragma unroll
             for (int t = 0; t < 4; ++t) pb[ks][t] = pack2<T>(s[8 * ks + 2 * t], s[8 * ks + 2 * t + 1]);
         }
-        sm80::named_barrier_arrive(kBarPb, C::kThreads);
+        sm90::mbar_arrive(hand_off(kPb));
         if (has_b) {
           zero_invalid_v(i + 1, page[1], 1);
           issue_pv(o, pb, 1);
         }
-        sm80::named_barrier(kBarPa, C::kThreads);  // P_a' in stage 0's rope block
+        sm90::mbar_wait(hand_off(kPa), pair_phase);  // P_a' in stage 0's rope block
         zero_invalid_v(i, page[0], 0);
         issue_pv(o, nullptr, 0);
         if (has_b) {
@@ -379,6 +382,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
       }
       page[0] = next_page[0];
       page[1] = next_page[1];
+      pair_phase ^= 1;
     }
 
     finish_piece<T>(p, part, req, row0, rows_here, wg, row_lo, red, o, m, l, 1.f);
