@@ -164,12 +164,13 @@ def test_plan_matches_reference():
             assert torch.equal(sched.cpu(), ref_sched) and torch.equal(info.cpu(), ref_info), (b, s_q, h_q)
 
 
-@pytest.mark.parametrize("h_q,block_size,fmt", [(16, 16, "auto"), (128, 64, "auto"), (128, 61, "auto"), (64, 64, "fp8_ds_mla")])
+@pytest.mark.parametrize("h_q,block_size,fmt", [(16, 16, "auto"), (128, 64, "auto"), (128, 16, "auto"), (128, 61, "auto"),
+                                                 (64, 64, "fp8_ds_mla")])
 def test_seq_lens_past_block_table(h_q, block_size, fmt):
     """Request 0 fills its 6 pages; its seq_len then claims 7 pages + 40 tokens: page 6 is a table
     entry pointing outside the cache, the rest lies past the table. Unchecked, both are skipped (on
-    sm90 at 128 / 64 heads: the wgmma kernel, whose TMA copies arrive without bytes for that page and
-    zero its stage; at block size 61 its cp.async loads)."""
+    sm90 at 128 / 64 heads: the wgmma kernels, whose TMA copies arrive without bytes for that page and
+    zero its rows: at block size 16 one page of four in a tile; at block size 61 cp.async loads)."""
     inp = make_inputs([6 * block_size, 50], 1, h_q, block_size, fmt, device="cuda")
     assert inp["block_table"].shape[1] == 7
     inp["seq_lens"][0] = block_size * 7 + 40
@@ -208,6 +209,8 @@ def test_out_buffers_and_force_portable(h_q, force_portable, monkeypatch):
     ([0, 1, 63, 64, 65, 300, 1000, 4097], 2, 128, 61),
     ([5, 64, 129, 2000], 3, 16, 1),
     ([0, 17, 700], 1, 40, 16),
+    ([0, 40, 333, 1500], 2, 64, 32),
+    ([3, 64, 200], 1, 128, 8),
     ([20000], 2, 64, 256),
 ])
 def test_64_row_tiles(fmt, path, dtype, lens, s_q, h_q, block_size, monkeypatch):
@@ -215,11 +218,12 @@ def test_64_row_tiles(fmt, path, dtype, lens, s_q, h_q, block_size, monkeypatch)
     wgmma (csrc/decode/sm90/decode_split_wgmma.cu; 16-bit cache pages by TMA at block sizes 64 and
     256, fp8 formats dequantised), MLA_EXT_DECODE_WGMMA=0 on the portable mma.sync kernel; both
     against the reference, causal and not, unused slots NaN, padded pages, fp8_ds_mla scales that are
-    not powers of two, one request long enough to be split (partials + combine). 16-bit caches in
-    whole 64-key pages take the tile-pairs kernel (decode_split_wgmma_pairs.cu) by default;
-    "split_tiles" (MLA_EXT_DECODE_PAIRS=0) runs them on decode_split_wgmma.cu's TMA path instead."""
-    if path == "split_tiles" and (fmt != "auto" or block_size % 64 != 0):
-        pytest.skip("the same kernel as the default path: only 16-bit caches in whole 64-key pages have two")
+    not powers of two, one request long enough to be split (partials + combine). 16-bit caches that
+    TMA copies (block sizes that are multiples of 64, or 8, 16, 32) take the tile-pairs kernel
+    (decode_split_wgmma_pairs.cu) by default; "split_tiles" (MLA_EXT_DECODE_PAIRS=0) runs them on
+    decode_split_wgmma.cu instead (its TMA path in whole pages, else cp.async)."""
+    if path == "split_tiles" and (fmt != "auto" or not (block_size % 64 == 0 or block_size in (8, 16, 32))):
+        pytest.skip("the same kernel as the default path: only 16-bit caches copied by TMA have two")
     if path == "split_tiles":
         monkeypatch.setenv("MLA_EXT_DECODE_PAIRS", "0")
     if path == "portable64":
@@ -235,10 +239,10 @@ def test_64_row_tiles(fmt, path, dtype, lens, s_q, h_q, block_size, monkeypatch)
 
 @pytest.mark.parametrize("fmt,block_size", [("auto", 16), ("auto", 64), ("auto", 128), ("fp8", 16), ("fp8_ds_mla", 16)])
 def test_small_wgmma_64_rows(fmt, block_size):
-    """Small cases of the sm90 64-row wgmma kernel for the sanitizers (-k small): split and whole
-    requests, rows past the sequence in the last tile (cp.async at block size 16; at 64 and 128 the
-    tile-pairs kernel, TMA pages whose unused rows hold NaN and are zeroed; fp8_ds_mla through the
-    staging buffer)."""
+    """Small cases of the sm90 64-row wgmma kernels for the sanitizers (-k small): split and whole
+    requests, rows past the sequence in the last tile (16-bit caches: the tile-pairs kernel, TMA
+    pages whose unused rows hold NaN and are zeroed, four pages per tile at block size 16; fp8
+    formats: the tile-splitting kernel, cp.async rows through the staging buffer)."""
     inp = make_inputs([0, 1, 65, 130, 300], 2, 64, block_size, fmt, arbitrary_scales=fmt == "fp8_ds_mla", device="cuda")
     if fmt == "fp8_ds_mla":
         check_rounded_tiles(inp, causal=True)
@@ -276,6 +280,9 @@ def test_wgmma_env_selects_kernel(fmt, monkeypatch):
     split = _decode_kernels_run(call)
     assert len(split) == 1 and any("wgmma" in n for n in split) and not any("pairs" in n for n in split), split
     monkeypatch.delenv("MLA_EXT_DECODE_PAIRS")
+    # Pages of 16 keys (four per tile): the tile-pairs kernel too.
+    small_pages = _decode_kernels_run(lambda: run_op(make_inputs([300, 70], 1, 128, 16, fmt, device="cuda"), True))
+    assert any("pairs" in n for n in small_pages) == (fmt == "auto"), small_pages
     monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
     assert _decode_kernels_run(call) == portable
 

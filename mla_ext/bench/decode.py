@@ -106,6 +106,7 @@ CASES = [
     ("compute-bound MTP", 128, 2, 128, (4096, 12288), 64, ("auto",)),
     ("small batch", 4, 1, 128, 32768, 64, ("auto",)),
     ("single long", 1, 1, 16, 65536, 64, ("auto", "fp8_ds_mla")),
+    ("compute-bound bs16", 128, 1, 128, 4096, 16, ("auto",)),  # tile pairs with four pages per tile
 ]
 QUICK = {0, 3, 4, 7}
 

@@ -1,8 +1,9 @@
 // Dense split-KV MLA decode on sm90a for 64-row tiles: S = Q K^T and O += P V on wgmma. The
 // portable kernel (portable/decode_split.cuh) runs these compute-bound shapes (more than 32 query
 // rows: h_q >= 33, or s_q x h_q > 32) on mma.sync at ~170 TFLOPS (bf16); everything around the math
-// is the same: schedule, pieces, masks, partials, epilogue. 16-bit caches in whole 64-key pages run
-// decode_split_wgmma_pairs.cu instead (the key tiles in turns; MLA_EXT_DECODE_PAIRS=0 keeps them here).
+// is the same: schedule, pieces, masks, partials, epilogue. 16-bit caches that TMA copies (block sizes
+// that are multiples of 64, or 8, 16, 32) run decode_split_wgmma_pairs.cu instead (the key tiles in
+// turns; MLA_EXT_DECODE_PAIRS=0 keeps them here).
 //
 // One CTA = 2 warpgroups = one part of the schedule x 64 query rows (row = s * h_q + h). Per
 // 64-key tile:
@@ -319,8 +320,9 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
 #endif
 }
 
-// decode_split_wgmma_pairs.cu: 16-bit caches with whole-page TMA tiles, the key tiles taken by the two
-// warpgroups in turns. MLA_EXT_DECODE_PAIRS=0 keeps such caches on this file's kernel (comparisons, tests).
+// decode_split_wgmma_pairs.cu: 16-bit caches with TMA tiles (whole pages, or tiles of whole pages), the
+// key tiles taken by the two warpgroups in turns. MLA_EXT_DECODE_PAIRS=0 keeps such caches on this file's
+// kernel (comparisons, tests).
 template <typename T>
 void launch_decode_split_wgmma_pairs(const DecodeParams& p);
 namespace {
@@ -335,10 +337,10 @@ void launch_decode_split_wgmma(const DecodeParams& p) {
   using C = WgmmaSplitConfig;
   const char* what = "sm90 wgmma decode kernel";
   if constexpr (kFormat == CacheFormat::kAuto) {
-    if (p.tma_tiles && p.tma_box_rows == kBlockN) {
-      if (pairs_enabled()) return launch_decode_split_wgmma_pairs<T>(p);
+    // TMA maps built: block sizes that are multiples of 64 or 8, 16, 32 (csrc/decode/portable/dispatch.cu).
+    if (p.tma_tiles && pairs_enabled()) return launch_decode_split_wgmma_pairs<T>(p);
+    if (p.tma_tiles && p.tma_box_rows == kBlockN)
       return portable::launch_split_kernel(&decode_split_wgmma_kernel<T, kFormat, true>, C::kThreads, C::kSmemLaunchBytes, what, p);
-    }
   }
   portable::launch_split_kernel(&decode_split_wgmma_kernel<T, kFormat, false>, C::kThreads, C::kSmemLaunchBytes, what, p);
 }

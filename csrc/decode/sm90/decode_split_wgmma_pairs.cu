@@ -1,5 +1,6 @@
-// Dense split-KV MLA decode on sm90a for 64-row tiles of a 16-bit cache whose pages are whole
-// 64-key tiles (block sizes that are multiples of 64, TMA maps built: DecodeParams::kv_map): the
+// Dense split-KV MLA decode on sm90a for 64-row tiles of a 16-bit cache copied by TMA
+// (DecodeParams::kv_map): pages of whole 64-key tiles (block sizes that are multiples of 64) or
+// 64-key tiles of whole pages (block sizes 8, 16, 32: kPageBoxes, one box per page). The
 // two warpgroups take the key tiles in turns, so that one warpgroup's softmax runs while the
 // other's MMAs keep the tensor cores busy. (decode_split_wgmma.cu splits every tile over both
 // warpgroups instead: its S, softmax and P V follow one another for the whole CTA, and Nsight
@@ -81,7 +82,9 @@ enum PairsHandOff : int { kMaxA = 0, kMaxB = 1, kPa = 2, kPb = 3 };
 // The only named barriers left: within one warpgroup (0 is __syncthreads).
 inline constexpr int kBarZero0 = 1;  // + wg
 
-template <typename T>
+// kPageBoxes: a 64-key tile is 64 / p.tma_box_rows pages (block sizes 8, 16, 32), each copied as its
+// own box; else one box of 64 rows of a page of whole tiles.
+template <typename T, bool kPageBoxes>
 __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_pairs_kernel(const __grid_constant__ DecodeParams p) {
 #if MLA_SM90A
   using C = PairsConfig;
@@ -97,7 +100,8 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, qd = lane % 4;
   // Warpgroup through a shuffle: warp-uniform for the compiler, so the descriptors stay uniform.
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
-  const bool issuer = tid % 128 == 0;  // each warpgroup's TMA thread
+  // Each warpgroup's TMA thread (whole pages), or all of it (page boxes: copy_blocks).
+  const bool issuer = kPageBoxes || tid % 128 == 0;
   const int row_lo = 16 * (warp % 4) + lane / 4;  // this thread's accumulator rows: row_lo, row_lo + 8
   const SchedulePart part = schedule_part(p);
   const int row0 = blockIdx.y * C::kRows;
@@ -126,33 +130,75 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
     int lim[2];  // keys each of this thread's two rows may see (past kv_len: never loaded)
     row_key_limits(p, row0, rows_here, row_lo, seq_len, kv_len, lim);
 
-    // Page of tile i of the piece (-1 past the piece; an id outside the cache is copied as nothing).
-    auto tile_page = [&](int i) { return i < num_tiles ? cache_page(p, bt, (tile_begin + i) * kBlockN, kv_len) : -1; };
     auto page_ok = [&](int page) { return page >= 0 && page < p.num_blocks; };
-    // TMA boxes of dim blocks [b0, b1) of tile i (on page `page`) into `stage`, each counted on its
-    // block's mbarrier; an invalid page arrives without bytes. One thread per call.
+    // Where tile i's rows come from. tile_page(i), read a pair ahead: whole pages: the tile's page (-1
+    // past the piece; an id outside the cache is copied as nothing); page boxes: lane j < 64 / rows of
+    // each warp holds the page of the tile's keys j rows .. (-1 past the piece). tile_src(page), for the
+    // masks and the zeroing: whole pages: the same; page boxes: bit j set when page j exists (a warp
+    // vote, taken once the pair needs it, so that the block-table reads have landed by then).
+    const int box_shift = __ffs(p.tma_box_rows) - 1;  // key in tile -> its page box (kPageBoxes)
+    auto tile_page = [&](int i) -> int {
+      if constexpr (kPageBoxes) {
+        const int key = (tile_begin + i) * kBlockN + lane * p.tma_box_rows;
+        return i < num_tiles && lane < (kBlockN >> box_shift) ? cache_page(p, bt, key, kv_len) : -1;
+      } else {
+        return i < num_tiles ? cache_page(p, bt, (tile_begin + i) * kBlockN, kv_len) : -1;
+      }
+    };
+    auto tile_src = [&](int page) -> int {
+      if constexpr (kPageBoxes) return static_cast<int>(__ballot_sync(0xffffffffu, page_ok(page)));
+      else return page;
+    };
+    // Key k of a tile (0-63) lies in a copied page; every key of the tile does.
+    auto key_ok = [&](int src, int k) {
+      if constexpr (kPageBoxes) return ((src >> (k >> box_shift)) & 1) != 0;
+      else return page_ok(src);
+    };
+    auto all_ok = [&](int src) {
+      if constexpr (kPageBoxes) return src == static_cast<int>((1ull << (kBlockN >> box_shift)) - 1);
+      else return page_ok(src);
+    };
+    // TMA boxes of dim blocks [b0, b1) of tile i (tile_page: `page`) into `stage`, each block counted
+    // on its mbarrier with the bytes of the pages that exist (an invalid page is copied as nothing).
+    // Whole pages: one thread per call; page boxes: all 4 warps of a warpgroup, page j copied by lane j
+    // of warp j % 4 (a TMA copy takes uniform registers: a warp issues those of several lanes one lane
+    // at a time, and its warpgroup's next wgmma waits for it).
     auto copy_blocks = [&](int i, int page, int stage, int b0, int b1) {
       const int k0 = (tile_begin + i) * kBlockN;
-      const int row = p.block_div.mod(k0, p.block_div.div(k0));
-      for (int b = b0; b < b1; ++b) {
-        if (page_ok(page)) {
-          sm90::mbar_arrive_expect_tx(bar(stage, b), C::kBlockBytes);
-          sm90::tma_load_3d(k_base + stage * C::kTileBytes + b * C::kBlockBytes, &p.kv_map, bar(stage, b), 128 * b, row, page);
-        } else {
-          sm90::mbar_arrive(bar(stage, b));
+      if constexpr (kPageBoxes) {
+        const int rows = p.tma_box_rows;
+        const bool ok = page_ok(page);
+        const uint32_t bytes = __popc(__ballot_sync(0xffffffffu, ok)) * rows * 128;
+        const bool mine = ok && lane % 4 == warp % 4;
+        for (int b = b0; b < b1; ++b) {
+          if (tid % 128 == 0) sm90::mbar_arrive_expect_tx(bar(stage, b), bytes);
+          if (mine)
+            sm90::tma_load_3d(k_base + stage * C::kTileBytes + b * C::kBlockBytes + lane * rows * 128, &p.kv_map, bar(stage, b),
+                              128 * b, 0, page);
+        }
+      } else {
+        const int row = p.block_div.mod(k0, p.block_div.div(k0));
+        for (int b = b0; b < b1; ++b) {
+          if (page_ok(page)) {
+            sm90::mbar_arrive_expect_tx(bar(stage, b), C::kBlockBytes);
+            sm90::tma_load_3d(k_base + stage * C::kTileBytes + b * C::kBlockBytes, &p.kv_map, bar(stage, b), 128 * b, row, page);
+          } else {
+            sm90::mbar_arrive(bar(stage, b));
+          }
         }
       }
     };
-    // Rows of tile i (in `stage`) that hold no key of the sequence (past kv_len, or all of an invalid
-    // page: whatever the stage held before) are zeroed in this warpgroup's half of V: their scores are
-    // masked, but P = 0 times a NaN value is NaN. Rare: the last tile of a sequence.
-    auto zero_invalid_v = [&](int i, int page, int stage) {
+    // Rows of tile i (in `stage`) that hold no key of the sequence (past kv_len, or in a page that was
+    // not copied: whatever the stage held before) are zeroed in this warpgroup's half of V: their scores
+    // are masked, but P = 0 times a NaN value is NaN. Rare: the last tile of a sequence.
+    auto zero_invalid_v = [&](int i, int src, int stage) {
       const int k0 = (tile_begin + i) * kBlockN;
-      if (page_ok(page) && k0 + kBlockN <= kv_len) return;
-      const int valid = page_ok(page) ? kv_len - k0 : 0;
+      if (all_ok(src) && k0 + kBlockN <= kv_len) return;
+      const int valid = kPageBoxes || page_ok(src) ? kv_len - k0 : 0;  // rows past it: never copied
       for (int idx = tid % 128; idx < kBlockN * 32; idx += 128) {
         const int r = idx / 32, c = 32 * wg + idx % 32;  // 16-byte chunk c of the 576 dims
-        if (r >= valid) *reinterpret_cast<uint4*>(smem + C::kOffK + stage * C::kTileBytes + sw128(r, c)) = make_uint4(0u, 0u, 0u, 0u);
+        if (r >= valid || (kPageBoxes && !key_ok(src, r)))
+          *reinterpret_cast<uint4*>(smem + C::kOffK + stage * C::kTileBytes + sw128(r, c)) = make_uint4(0u, 0u, 0u, 0u);
       }
       sm90::fence_proxy_async_smem();
       if (wg == 0) sm80::named_barrier(kBarZero0, 128);  // (immediate ids: a register id makes ptxas
@@ -160,14 +206,15 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
     };
     // S of tile i (scores s[4 j + e]: row row_lo + 8 (e / 2), key 8 j + 2 qd + e % 2): masked (select:
     // a masked score never becomes NaN) and scaled to the exp2 domain; mx = the rows' maxima.
-    auto mask_scores = [&](float (&s)[32], int i, int page, float (&mx)[2]) {
+    auto mask_scores = [&](float (&s)[32], int i, int src, float (&mx)[2]) {
       const int pos0 = (tile_begin + i) * kBlockN + 2 * qd;
-      const bool ok = page_ok(page);
+      const bool tile_ok = page_ok(src);  // (whole pages)
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float& v = s[4 * j + e];
+          const bool ok = kPageBoxes ? key_ok(src, 8 * j + 2 * qd + e % 2) : tile_ok;
           v = (ok && pos0 + 8 * j + e % 2 < lim[e / 2]) ? v * score_scale : -INFINITY;
           mx[e / 2] = fmaxf(mx[e / 2], v);
         }
@@ -256,12 +303,13 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
 #pragma unroll
       for (int e = 0; e < 64; ++e) o[v][e] = 0.f;
     float s[32];
-    int page[2] = {tile_page(0), tile_page(1)};  // the current pair's pages (every thread: masks, zeroing)
+    int page[2] = {tile_page(0), tile_page(1)};  // the current pair's tiles: tile_page, tile_src
+    int src[2] = {tile_src(page[0]), tile_src(page[1])};
 
     if (num_tiles > 0) {
       load_q_rows<T, C::kRows, C::kThreads>(p, req, row0, rows_here, tid, q_base, [](int r, int c) { return sw128(r, c); });
       sm80::cp_async_commit();
-      if (tid == 0) {
+      if (kPageBoxes ? wg == 0 : tid == 0) {  // warpgroup 0's issuer
         copy_blocks(0, page[0], 0, 0, C::kBlocks);
         if (num_tiles > 1) copy_blocks(1, page[1], 1, 0, C::kBlocks);
       }
@@ -283,7 +331,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
       float* const pair_max_b = max_b + (i / 2 % 2) * C::kRows;
       if (wg == 0) {
         float mx[2] = {-INFINITY, -INFINITY}, m_new[2], f[2];
-        mask_scores(s, i, page[0], mx);
+        mask_scores(s, i, src[0], mx);
         m_new[0] = fmaxf(m[0], mx[0]);
         m_new[1] = fmaxf(m[1], mx[1]);
         if (qd == 0) pair_max_a[row_lo] = m_new[0], pair_max_a[row_lo + 8] = m_new[1];
@@ -298,7 +346,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
           for (int t = 0; t < 4; ++t) pa[ks][t] = pack2<T>(s[8 * ks + 2 * t], s[8 * ks + 2 * t + 1]);
-        zero_invalid_v(i, page[0], 0);
+        zero_invalid_v(i, src[0], 0);
         issue_pv(o, pa, 0);
         wgmma_wait_all(o);
         if (issuer && has_next_a) copy_blocks(i + 2, next_page[0], 0, 0, 4);  // dims 0-255 of stage 0 are free
@@ -313,7 +361,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         sm90::mbar_wait(hand_off(kPb), pair_phase);  // P_b in stage 1's rope block
         if (has_b) {
           rescale_rows(o, f);
-          zero_invalid_v(i + 1, page[1], 1);
+          zero_invalid_v(i + 1, src[1], 1);
           issue_pv(o, nullptr, 1);
         }
         if (has_next_a) {
@@ -337,7 +385,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         m_new[0] = pair_max_a[row_lo];
         m_new[1] = pair_max_a[row_lo + 8];
         move_max(m, m_new, f);  // f = 2^(m - m_a)
-        if (has_b) mask_scores(s, i + 1, page[1], mx);
+        if (has_b) mask_scores(s, i + 1, src[1], mx);
         m_new[0] = fmaxf(m[0], mx[0]);
         m_new[1] = fmaxf(m[1], mx[1]);
         if (qd == 0) pair_max_b[row_lo] = m_new[0], pair_max_b[row_lo + 8] = m_new[1];
@@ -361,11 +409,11 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         }
         sm90::mbar_arrive(hand_off(kPb));
         if (has_b) {
-          zero_invalid_v(i + 1, page[1], 1);
+          zero_invalid_v(i + 1, src[1], 1);
           issue_pv(o, pb, 1);
         }
         sm90::mbar_wait(hand_off(kPa), pair_phase);  // P_a' in stage 0's rope block
-        zero_invalid_v(i, page[0], 0);
+        zero_invalid_v(i, src[0], 0);
         issue_pv(o, nullptr, 0);
         if (has_b) {
           sm90::wgmma_wait<1>();  // P_b V_b
@@ -380,8 +428,8 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
           phase ^= 1;
         }
       }
-      page[0] = next_page[0];
-      page[1] = next_page[1];
+      src[0] = tile_src(next_page[0]);
+      src[1] = tile_src(next_page[1]);
       pair_phase ^= 1;
     }
 
@@ -392,11 +440,15 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
 #endif
 }
 
+// p.tma_box_rows: 64 (pages of whole tiles) or 8, 16, 32 (tiles of whole pages).
 template <typename T>
 void launch_decode_split_wgmma_pairs(const DecodeParams& p) {
   using C = PairsConfig;
-  portable::launch_split_kernel(&decode_split_wgmma_pairs_kernel<T>, C::kThreads, C::kSmemLaunchBytes,
-                                "sm90 wgmma decode kernel (tile pairs)", p);
+  const char* what = "sm90 wgmma decode kernel (tile pairs)";
+  if (p.tma_box_rows == kBlockN)
+    portable::launch_split_kernel(&decode_split_wgmma_pairs_kernel<T, false>, C::kThreads, C::kSmemLaunchBytes, what, p);
+  else
+    portable::launch_split_kernel(&decode_split_wgmma_pairs_kernel<T, true>, C::kThreads, C::kSmemLaunchBytes, what, p);
 }
 
 template void launch_decode_split_wgmma_pairs<__nv_bfloat16>(const DecodeParams&);
