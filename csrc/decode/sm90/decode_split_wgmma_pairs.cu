@@ -164,7 +164,6 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
     // of warp j % 4 (a TMA copy takes uniform registers: a warp issues those of several lanes one lane
     // at a time, and its warpgroup's next wgmma waits for it).
     auto copy_blocks = [&](int i, int page, int stage, int b0, int b1) {
-      const int k0 = (tile_begin + i) * kBlockN;
       if constexpr (kPageBoxes) {
         const int rows = p.tma_box_rows;
         const bool ok = page_ok(page);
@@ -177,6 +176,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
                               128 * b, 0, page);
         }
       } else {
+        const int k0 = (tile_begin + i) * kBlockN;
         const int row = p.block_div.mod(k0, p.block_div.div(k0));
         for (int b = b0; b < b1; ++b) {
           if (page_ok(page)) {
