@@ -215,8 +215,8 @@ def test_out_buffers_and_force_portable(h_q, force_portable, monkeypatch):
 ])
 def test_64_row_tiles(fmt, path, dtype, lens, s_q, h_q, block_size, monkeypatch):
     """More than 32 query rows (s_q x h_q) per request: 64-row tiles. On sm90 the default runs them on
-    wgmma (csrc/decode/sm90/decode_split_wgmma.cu; 16-bit cache pages by TMA at block sizes 64 and
-    256, fp8 formats dequantised), MLA_EXT_DECODE_WGMMA=0 on the portable mma.sync kernel; both
+    wgmma (csrc/decode/sm90/; 16-bit cache pages by TMA at block sizes 8, 16, 32, 64 and 256, fp8
+    formats dequantised), MLA_EXT_DECODE_WGMMA=0 on the portable mma.sync kernel; both
     against the reference, causal and not, unused slots NaN, padded pages, fp8_ds_mla scales that are
     not powers of two, one request long enough to be split (partials + combine). 16-bit caches that
     TMA copies (block sizes that are multiples of 64, or 8, 16, 32) take the tile-pairs kernel
