@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
     auto zero_invalid_v = [&](int i, int src, int stage) {
       const int k0 = (tile_begin + i) * kBlockN;
       if (all_ok(src) && k0 + kBlockN <= kv_len) return;
-      const int valid = kPageBoxes || page_ok(src) ? kv_len - k0 : 0;  // rows past it: never copied
+      const int valid = kPageBoxes || page_ok(src) ? kv_len - k0 : 0;  // rows 0 .. valid - 1 hold keys of the sequence
       for (int idx = tid % 128; idx < kBlockN * 32; idx += 128) {
         const int r = idx / 32, c = 32 * wg + idx % 32;  // 16-byte chunk c of the 576 dims
         if (r >= valid || (kPageBoxes && !key_ok(src, r)))
