@@ -257,6 +257,13 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         m[h] = m_new[h];
       }
     };
+    // P (in s) as the A fragments of the 4 k-steps of this warpgroup's register-A P V.
+    auto p_fragments = [](const float (&s)[32], uint32_t (&frag)[4][4]) {
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+        for (int t = 0; t < 4; ++t) frag[ks][t] = pack2<T>(s[8 * ks + 2 * t], s[8 * ks + 2 * t + 1]);
+    };
     auto wgmma_wait_all = [](float (&acc)[2][64]) {
       sm90::wgmma_wait<0>();
       fence_accumulators(acc);
@@ -342,10 +349,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         exponentiate(s, m, l);
         rescale_rows(o, f);
         uint32_t pa[4][4];
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-          for (int t = 0; t < 4; ++t) pa[ks][t] = pack2<T>(s[8 * ks + 2 * t], s[8 * ks + 2 * t + 1]);
+        p_fragments(s, pa);
         zero_invalid_v(i, src[0], 0);
         issue_pv(o, pa, 0);
         wgmma_wait_all(o);
@@ -402,10 +406,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
           exponentiate(s, m, l);
           const float one[2] = {1.f, 1.f};
           store_p(s, one, 1);
-#pragma unroll
-          for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-            for (int t = 0; t < 4; ++t) pb[ks][t] = pack2<T>(s[8 * ks + 2 * t], s[8 * ks + 2 * t + 1]);
+          p_fragments(s, pb);
         }
         sm90::mbar_arrive(hand_off(kPb));
         if (has_b) {
