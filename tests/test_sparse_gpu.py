@@ -104,7 +104,9 @@ def test_h16_reads_same_rows_as_h64():
     assert_close(lse16, lse64[:, :16], cos_tol=1e-7, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("h_q", [16, "16-copy0", "16-dequant", "16-cpasync", 32, 64, "64-portable", 128, "128-portable", "128-cpasync"])
+@pytest.mark.parametrize(
+    "h_q", [16, "16-copy0", "16-dequant", "16-cpasync", 32, 64, "64-portable", 128, "128-portable", "128-pvdequant", "128-cpasync"]
+)
 @pytest.mark.parametrize("q_exp", [-30, 0, 20])
 @pytest.mark.parametrize("splits", ["1", "3"])
 def test_fp8_ds_mla_scale_spread_and_q_magnitudes(h_q, q_exp, splits, monkeypatch):
@@ -300,24 +302,46 @@ def test_sm90_copy_warps_env_selects_kernel(monkeypatch):
         call()
 
 
+def test_pv_raw_env_selects_kernel(monkeypatch):
+    """The portable fp8_ds_mla 64-head kernel reads V from the staging rows by default and
+    MLA_EXT_SPARSE_PV_RAW=0 selects the dequantising one: different kernels (so "pvdequant" tests
+    what it names); any other value is refused with a message."""
+    for var in ("MLA_EXT_SPARSE_PV_RAW", "MLA_EXT_SPARSE_ROW_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
+    q, cache, idx, _ = _case(2, 1, 64, 200, 64, "fp8_ds_mla")
+    call = lambda: mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, "fp8_ds_mla")  # noqa: E731
+    raw = _sparse_kernels_run(call)
+    monkeypatch.setenv("MLA_EXT_SPARSE_PV_RAW", "0")
+    dequant = _sparse_kernels_run(call)
+    assert len(raw) == 1 and len(dequant) == 1 and raw != dequant, (raw, dequant)
+    monkeypatch.setenv("MLA_EXT_SPARSE_PV_RAW", "yes")
+    with pytest.raises(RuntimeError, match="MLA_EXT_SPARSE_PV_RAW must be 1 or 0"):
+        call()
+
+
 def _select_64_head_path(path, monkeypatch):
     """fp8_ds_mla on sm90: "default" (64-head tiles: the wgmma kernel; 16-head tiles: the e4m3-
     fragment kernel; rows gathered by bulk copies), "cpasync" (the same kernels gathering with
-    16-byte cp.async, MLA_EXT_SPARSE_SM90=cpasync), or "portable" (the mma.sync kernels,
-    MLA_EXT_FORCE_PORTABLE=1). Other GPUs run the portable kernels for all of them."""
-    if path == "portable":
+    16-byte cp.async, MLA_EXT_SPARSE_SM90=cpasync), "portable" (the mma.sync kernels,
+    MLA_EXT_FORCE_PORTABLE=1; 64-head tiles: V read from the staging rows, the next tile dequantised
+    during PV), or "pvdequant" (the portable 64-head kernel that dequantises each tile before its
+    QK^T, MLA_EXT_SPARSE_PV_RAW=0). Other GPUs run the portable kernels for all of them."""
+    if path in ("portable", "pvdequant"):
         monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
+        if path == "pvdequant":
+            monkeypatch.setenv("MLA_EXT_SPARSE_PV_RAW", "0")
     elif path != "default":
         monkeypatch.setenv("MLA_EXT_SPARSE_SM90", path)
 
 
-@pytest.mark.parametrize("path", ["default", "cpasync", "portable"])
+@pytest.mark.parametrize("path", ["default", "cpasync", "portable", "pvdequant"])
 @pytest.mark.parametrize("h_q, b", [(64, 2), (128, 2), (40, 3), (128, 70)])
 @pytest.mark.parametrize("splits", ["1", "3"])
 def test_small_fp8_64_head_paths(path, h_q, b, splits, monkeypatch):
     """fp8_ds_mla 64-head tiles: on sm90 the default is the wgmma kernel
     (csrc/sparse/sm90/sparse_decode_sm90_fp8.cu; its cp.async gather by MLA_EXT_SPARSE_SM90=cpasync),
-    MLA_EXT_FORCE_PORTABLE=1 the mma.sync one.
+    MLA_EXT_FORCE_PORTABLE=1 the mma.sync one (MLA_EXT_SPARSE_PV_RAW=0: its dequantising variant).
     Fresh random data, NaN in unused slots and page padding, odd topk, -1 / out-of-range /
     duplicate indices, topk_length (one row cut inside a tile, one at 0), attn_sink with +-inf;
     h_q 40 leaves 24 rows of the tile unused; b 70 x 2 tiles fills the GPU without splits."""
@@ -334,7 +358,7 @@ def test_small_fp8_64_head_paths(path, h_q, b, splits, monkeypatch):
     assert (out[-1] == 0).all() and (lse[-1] == -math.inf).all() and (out[:, :, 1] == 0).all()
 
 
-@pytest.mark.parametrize("path", ["default", "cpasync", "portable"])
+@pytest.mark.parametrize("path", ["default", "cpasync", "portable", "pvdequant"])
 @pytest.mark.parametrize("h_q", [16, "16-copy0", 64, 128])
 def test_fp8_rising_scores(path, h_q, monkeypatch):
     """Scores that rise along the top-k list (rows c_k u + noise, q ~ u, indices in order), by ~2

@@ -31,6 +31,7 @@ extern template void launch_sparse_decode_portable<32, CacheFormat::kFp8DsMla, 2
 extern template void launch_sparse_decode_portable<32, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1, false, 4>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1, false, 8>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 2, false, 8, false, 0, true>(const SparseDecodeParams&);
 // Compiled in sm90/sparse_decode_sm90_fp8.cu (the kernel body exists in sm_90a code only).
 void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p, bool bulk_rows);
 int sm90_fp8_m64_smem_bytes();
@@ -60,6 +61,19 @@ bool fp8_fragments_allowed(int max_smem) {
   const char* env = std::getenv("MLA_EXT_SPARSE_FP8_DEQUANT");
   const bool dequant = env != nullptr && env[0] != '\0' && env[0] != '0';
   return !dequant && Frags::kSmemBytes <= max_smem;
+}
+
+// fp8_ds_mla with 64-head tiles reads V straight from the staging rows, dequantising the next tile
+// while PV runs (PortableConfig::kPvRaw), where shared memory allows (232320 bytes);
+// MLA_EXT_SPARSE_PV_RAW=0 keeps the kernel that dequantises each tile between two barriers (for
+// comparisons and tests).
+using PvRawConfig = PortableConfig<64, CacheFormat::kFp8DsMla, 2, false, 8, false, 0, true>;
+bool pv_raw_allowed(int max_smem) {
+  const char* env = std::getenv("MLA_EXT_SPARSE_PV_RAW");
+  const bool off = env != nullptr && env[0] == '0' && env[1] == '\0';
+  if (env != nullptr && env[0] != '\0' && !off && std::string(env) != "1")
+    throw std::runtime_error(std::string("mla_ext: MLA_EXT_SPARSE_PV_RAW must be 1 or 0, got ") + env);
+  return !off && PvRawConfig::kSmemBytes <= max_smem;
 }
 
 // How the sm90 fp8_ds_mla kernels gather rows: one cp.async.bulk per row (default, "bulk"), or
@@ -121,6 +135,12 @@ void launch_portable(const SparseDecodeParams& p, int max_smem) {
   MLA_HOST_CHECK(kSmem <= max_smem, "sparse decode needs " + std::to_string(kSmem) +
                                         " bytes of shared memory per block, this GPU allows " + std::to_string(max_smem));
   if constexpr (kM == 64 && kFormat == CacheFormat::kFp8DsMla) {
+    const char* rows_env = std::getenv("MLA_EXT_SPARSE_ROW_THREADS");
+    const bool rows_default = rows_env == nullptr || std::atoi(rows_env) != 4;  // (4: the kernel below only)
+    if (rows_default && pv_raw_allowed(max_smem)) {
+      launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 2, false, 8, false, 0, true>(p);
+      return;
+    }
     launch_rows<64, CacheFormat::kFp8DsMla, 1, false, 8, 4>(p);
   } else {
     launch_sparse_decode_portable<kM, kFormat, 1>(p);

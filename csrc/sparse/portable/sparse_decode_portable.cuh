@@ -24,7 +24,7 @@
 namespace mla::sparse {
 
 template <int kM_, CacheFormat kFormat_, int kStages_, bool kE4m3Frags_ = false, int kRowThreads_ = 8, bool kBulkRows_ = false,
-          int kCopyWarps_ = 0>
+          int kCopyWarps_ = 0, bool kPvRaw_ = false>
 struct PortableConfig {
   static constexpr int kM = kM_;                     // query heads per CTA: 16, 32 or 64
   static constexpr CacheFormat kFormat = kFormat_;
@@ -82,6 +82,16 @@ struct PortableConfig {
   static_assert(kCopyWarps == 0 || (kBulkRows && kN % (kCopyWarps + (kCopyWarps == 0)) == 0 && kN <= 32 * kCopyWarps),
                 "copy warps: bulk rows, the tile's rows spread evenly, at most one row per lane");
   static constexpr int kLaunchThreads = kThreads + 32 * kCopyWarps;
+  // fp8_ds_mla, 64-head tiles, two staging buffers: PV reads V straight from the staging rows of
+  // tile t (e4m3 converted in registers, as the 16-head kernel does, each byte once per CTA since
+  // every warp owns 64 output columns), so the fp16 K tile is free once QK^T(t) is done and the
+  // dequantisation of tile t + 1 into it runs interleaved with PV(t) instead of alone between two
+  // barriers. The K tile holds kv_c only (QK^T reads k_pe, bf16 already, from the staging rows),
+  // which with the scales read from the staging rows too is what makes the second staging buffer
+  // fit next to Q (232320 of 232448 bytes).
+  static constexpr bool kPvRaw = kPvRaw_;
+  static_assert(!kPvRaw || (kDsMla && !kE4m3Frags && kM == 64 && kStages_ == 2 && !kBulkRows),
+                "V from the staging rows: fp8_ds_mla, 64-head tiles, two staging buffers");
   // PV: every warp takes all kM rows and 64 output columns (warp w: 64 w .. + 63), so each V
   // fragment is read once per CTA and reused for the kM / 16 m-tiles (O: 2 kM fp32 per thread).
   static constexpr int kPvMTiles = kM / 16;
@@ -95,6 +105,7 @@ struct PortableConfig {
   // bank groups. 72 = 9 * 8, so the XOR stays inside the row.
   static constexpr int kChunks = kLatentDim / 8;
   static constexpr int kRawChunks = kDsMlaRowBytes / 16;  // 41 (fp8_ds_mla rows are 16-byte multiples)
+  static constexpr int kKChunks = kPvRaw ? kKvLoraRank / 8 : kChunks;  // 16-byte chunks per K tile row
   // Tiles in flight: bf16 K buffers (the rows land in the K tile itself), or fp8_ds_mla staging
   // buffers (dequantised into one bf16 K tile). More stages keep more gathered bytes in flight,
   // which is what the memory-bound small head tiles need.
@@ -103,11 +114,12 @@ struct PortableConfig {
   static constexpr int kKBuffers = kE4m3Frags ? 0 : (kDsMla ? 1 : kStages);
   // Key-validity slots: bf16 alternates two tiles; fp8_ds_mla has one per staging buffer plus
   // the copy that belongs to the K tile being computed.
-  static constexpr int kValidSlots = kDsMla ? kStages + 1 : 2;
+  static constexpr int kValidSlots = kPvRaw ? kStages : kDsMla ? kStages + 1 : 2;
+  using ValidT = std::conditional_t<kPvRaw, uint8_t, int>;  // (bytes where shared memory is short)
 
   // Shared-memory plan (bytes).
   static constexpr int kQBytes = kM * kChunks * 16;
-  static constexpr int kKTileBytes = kN * kChunks * 16;
+  static constexpr int kKTileBytes = kN * kKChunks * 16;
   static constexpr int kRawTileBytes = kN * kDsMlaRowBytes;
   static constexpr int kRawBytes = kDsMla ? kStages * kRawTileBytes : 0;  // fp8_ds_mla staging
   // P (16-bit): swizzled [kM][64] for ldmatrix; e4m3 fragments: [16][72] with key k at
@@ -115,10 +127,13 @@ struct PortableConfig {
   static constexpr int kPStride = kN + 8;                            // halves (e4m3 fragments)
   static constexpr int kPBytes = kE4m3Frags ? kM * kPStride * 2 : kM * kN * 2;
   static constexpr int kRedBytes = kColGroups * kM * 4;              // per-warp row max / row sum
-  static constexpr int kValidBytes = kValidSlots * kN * 4;           // per-key validity
-  static constexpr int kKScaleBytes = kDsMla && !kE4m3Frags ? kN * 16 : 0;         // fp8_ds_mla: the K tile's 4 fp32 scales per key
-  static constexpr int kRowExpBytes = kDsMla ? kM * 4 : 0;           // fp8_ds_mla: q row exponents (int)
-  static constexpr int kRowStateBytes = 2 * kM * 4;                  // per row: O rescale factor, final max
+  static constexpr int kValidBytes = kValidSlots * kN * int(sizeof(ValidT));  // per-key validity
+  // fp8_ds_mla: the K tile's 4 fp32 scales per key (e4m3 fragments, kPvRaw: read from the staging rows)
+  static constexpr int kKScaleBytes = kDsMla && !kE4m3Frags && !kPvRaw ? kN * 16 : 0;
+  // fp8_ds_mla: q row exponents (int; kPvRaw: in the P buffer, read before the first P is written)
+  static constexpr int kRowExpBytes = kDsMla && !kPvRaw ? kM * 4 : 0;
+  // per row: O rescale factor, final max (kPvRaw: the final max in the K tile, dead after the loop)
+  static constexpr int kRowStateBytes = (kPvRaw ? 1 : 2) * kM * 4;
   static constexpr int kRedSStride = kN + 8;                         // floats: conflict-free float2 rows
   static constexpr int kRedSBytes = kSplitDimsQK ? 4 * 16 * kRedSStride * 4 : 0;  // partial S per dim group
   static constexpr int kOffQ = 0;
@@ -233,37 +248,43 @@ __device__ __forceinline__ void copy_ds_mla_row_part(uint8_t* dst_row, const uin
   }
 }
 
-// fp8_ds_mla staging rows (kN x 656 bytes) -> K tile: kv_c e4m3 -> fp16 (exact, one cvt per two
-// values, no scale), k_pe copied (bf16); the caller stores the scales. Fixed work per thread, no
-// branches: lane c converts 16-byte chunk c of rows warp + kWarps j (loaded 4 at a time so the
-// shared loads overlap), then each thread copies 2 of the kN x 8 k_pe chunks. addr(r, c) = byte
-// offset of 16-byte chunk c (8 dims, 0..71) of key row r in s_k.
+// fp8_ds_mla staging rows -> K tile, kv_c part: lane c converts 16-byte chunk c (e4m3 -> fp16, exact,
+// one cvt per two values, no scale) of the kRows rows warp + kWarps j, j = j0 .. j0 + kRows - 1, all
+// loaded before any is converted so that the shared loads overlap. addr(r, c) = byte offset of
+// 16-byte chunk c (8 dims) of key row r in s_k.
+template <int kRows, int kWarps, typename Addr>
+__device__ __forceinline__ void dequant_ds_mla_kv_c(const uint8_t* s_stage, uint8_t* s_k, int warp, int lane, int j0, Addr addr) {
+  const int c = lane;
+  uint4 v[kRows];
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    v[j] = *reinterpret_cast<const uint4*>(s_stage + (warp + kWarps * (j0 + j)) * kDsMlaRowBytes + 16 * c);
+  }
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    const int r = warp + kWarps * (j0 + j);
+    uint32_t h[8];
+    e4m3::x4_to_f16x2x2(v[j].x, h[0], h[1]);
+    e4m3::x4_to_f16x2x2(v[j].y, h[2], h[3]);
+    e4m3::x4_to_f16x2x2(v[j].z, h[4], h[5]);
+    e4m3::x4_to_f16x2x2(v[j].w, h[6], h[7]);
+    // Output chunks 2c, 2c + 1; lanes c / 4 odd store the odd one first, so that the 8 lanes
+    // of each store phase hit 8 different 16-byte bank groups.
+    const int first = (c >> 2) & 1;
+    const uint4 lo = make_uint4(h[0], h[1], h[2], h[3]), hi = make_uint4(h[4], h[5], h[6], h[7]);
+    *reinterpret_cast<uint4*>(s_k + addr(r, 2 * c + first)) = first ? hi : lo;
+    *reinterpret_cast<uint4*>(s_k + addr(r, 2 * c + 1 - first)) = first ? lo : hi;
+  }
+}
+
+// fp8_ds_mla staging rows (kN x 656 bytes) -> K tile: kv_c converted (dequant_ds_mla_kv_c, 4 rows
+// at a time), k_pe copied (bf16); the caller stores the scales. Fixed work per thread, no
+// branches: each thread copies 2 of the kN x 8 k_pe chunks. addr(r, c) = byte offset of 16-byte
+// chunk c (8 dims, 0..71) of key row r in s_k.
 template <int kN, int kWarps, int kThreads, typename Addr>
 __device__ __forceinline__ void dequant_ds_mla_rows(const uint8_t* s_stage, uint8_t* s_k, int warp, int lane, int tid, Addr addr) {
-  const int c = lane;
 #pragma unroll
-  for (int j0 = 0; j0 < kN / kWarps; j0 += 4) {
-    uint4 v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      v[j] = *reinterpret_cast<const uint4*>(s_stage + (warp + kWarps * (j0 + j)) * kDsMlaRowBytes + 16 * c);
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int r = warp + kWarps * (j0 + j);
-      uint32_t h[8];
-      e4m3::x4_to_f16x2x2(v[j].x, h[0], h[1]);
-      e4m3::x4_to_f16x2x2(v[j].y, h[2], h[3]);
-      e4m3::x4_to_f16x2x2(v[j].z, h[4], h[5]);
-      e4m3::x4_to_f16x2x2(v[j].w, h[6], h[7]);
-      // Output chunks 2c, 2c + 1; lanes c / 4 odd store the odd one first, so that the 8 lanes
-      // of each store phase hit 8 different 16-byte bank groups.
-      const int first = (c >> 2) & 1;
-      const uint4 lo = make_uint4(h[0], h[1], h[2], h[3]), hi = make_uint4(h[4], h[5], h[6], h[7]);
-      *reinterpret_cast<uint4*>(s_k + addr(r, 2 * c + first)) = first ? hi : lo;
-      *reinterpret_cast<uint4*>(s_k + addr(r, 2 * c + 1 - first)) = first ? lo : hi;
-    }
-  }
+  for (int j0 = 0; j0 < kN / kWarps; j0 += 4) dequant_ds_mla_kv_c<4, kWarps>(s_stage, s_k, warp, lane, j0, addr);
   static_assert(kN * 8 == 2 * kThreads, "k_pe: two chunks per thread");
   uint4 pe[2];
 #pragma unroll
@@ -340,9 +361,9 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
   uint8_t* s_raw = smem + Cfg::kOffRaw;
   uint8_t* s_p = smem + Cfg::kOffP;
   float* s_red = reinterpret_cast<float*>(smem + Cfg::kOffRed);         // [kColGroups][kM]
-  int* s_valid = reinterpret_cast<int*>(smem + Cfg::kOffValid);         // [kValidSlots][kN]
+  auto* s_valid = reinterpret_cast<typename Cfg::ValidT*>(smem + Cfg::kOffValid);  // [kValidSlots][kN]
   float* s_kscale = reinterpret_cast<float*>(smem + Cfg::kOffKScale);   // [kN][4] (fp8_ds_mla)
-  int* s_row_exp = reinterpret_cast<int*>(smem + Cfg::kOffRowExp);      // [kM] (fp8_ds_mla)
+  int* s_row_exp = reinterpret_cast<int*>(smem + (Cfg::kPvRaw ? Cfg::kOffP : Cfg::kOffRowExp));  // [kM] (fp8_ds_mla)
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int row_group = warp / Cfg::kColGroups, col_group = warp % Cfg::kColGroups;
@@ -449,7 +470,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
   constexpr int kComputeBar = 5;                   // (copy warps: all compute warps; 1-4 are bar_id's, 6-7 below)
   constexpr int kBarThreads = 32 * Cfg::kColGroups;
   float* s_corr = reinterpret_cast<float*>(smem + Cfg::kOffRowState);  // [kM] O rescale of this tile
-  float* s_mfin = s_corr + kM;                                         // [kM] final row max
+  float* s_mfin = Cfg::kPvRaw ? reinterpret_cast<float*>(s_k) : s_corr + kM;  // [kM] final row max
   // PV (all rows, 64 columns per warp): O[m-tile][n-tile] holds rows 16 mt + lane / 4 (+ 8),
   // columns col0 + 8 n + 2 (lane % 4) (+ 1).
   float o[Cfg::kPvMTiles][Cfg::kOTiles][4];
@@ -500,10 +521,13 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
   const int key0 = col_group * Cfg::kKeysPerWarp;
   const int grp = lane / 4, qd = lane % 4;
   float* red_s = reinterpret_cast<float*>(smem + Cfg::kOffRedS);  // 16-head: [4 groups][16 rows][kRedSStride]
-  // fp8_ds_mla tile scale t of key k: in the staging rows (e4m3 fragments) or s_kscale.
-  auto kscale = [&](const uint8_t* s_kt, int k, int t) -> float {
-    if constexpr (Cfg::kE4m3Frags) return *reinterpret_cast<const float*>(s_kt + k * kDsMlaRowBytes + kDsMlaScaleOffset + 4 * t);
-    else return s_kscale[4 * k + t];
+  // fp8_ds_mla tile scale t of key k: in the staging rows s_rows (e4m3 fragments, kPvRaw) or s_kscale.
+  auto kscale = [&](const uint8_t* s_rows, int k, int t) -> float {
+    if constexpr (Cfg::kE4m3Frags || Cfg::kPvRaw) {
+      return *reinterpret_cast<const float*>(s_rows + k * kDsMlaRowBytes + kDsMlaScaleOffset + 4 * t);
+    } else {
+      return s_kscale[4 * k + t];
+    }
   };
   // 16-head tiles: partial S of dim group g = warp % 4 for keys 32 kh .. + 31 (kh = warp / 4, 4 n8
   // tiles) into red_s; the sum over the four groups follows a barrier (sum_dim_groups).
@@ -511,7 +535,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     const uint32_t k_base = sm80::smem_addr(s_kt);
     auto ldmatrix_k16 = [&](uint32_t (&bk)[4], int key16, int kk) {
       const int key = key16 + (lane / 16) * 8 + lane % 8;
-      sm80::ldmatrix_x4(bk, k_base + swz<kChunks>(key, 2 * kk + (lane / 8) % 2));
+      sm80::ldmatrix_x4(bk, k_base + swz<Cfg::kKChunks>(key, 2 * kk + (lane / 8) % 2));
     };
     const int g = warp % 4, kh = warp / 4;
     float part[4][4];
@@ -601,12 +625,13 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
       }
     }
   };
-  auto scores = [&](const uint8_t* s_kt, float (&sc)[Cfg::kSTiles][4]) {
+  // s_rows: the tile's staging rows (kPvRaw: k_pe and the scales come from there).
+  auto scores = [&](const uint8_t* s_kt, const uint8_t* s_rows, float (&sc)[Cfg::kSTiles][4]) {
     const uint32_t q_base = sm80::smem_addr(s_q), k_base = sm80::smem_addr(s_kt);
     // B fragments of two n8 tiles (keys key .. key + 15 as addressed by this lane), k-step kk.
     auto ldmatrix_k16 = [&](uint32_t (&bk)[4], int key16, int kk) {
       const int key = key16 + (lane / 16) * 8 + lane % 8;
-      sm80::ldmatrix_x4(bk, k_base + swz<kChunks>(key, 2 * kk + (lane / 8) % 2));
+      sm80::ldmatrix_x4(bk, k_base + swz<Cfg::kKChunks>(key, 2 * kk + (lane / 8) % 2));
     };
     // One 16-dim k-step (chunks 2 kk, 2 kk + 1) of acc += Q K^T on the warp's keys, operand type T.
     auto qk_step = [&](auto type_tag, float (&acc)[Cfg::kSTiles][4], int kk) {
@@ -615,7 +640,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
       sm80::ldmatrix_x4(a, q_base + swz<kChunks>(row_group * 16 + lane % 16, 2 * kk + lane / 16));
       if constexpr (Cfg::kSTiles == 1) {
         uint32_t bk[2];
-        sm80::ldmatrix_x2(bk, k_base + swz<kChunks>(key0 + lane % 8, 2 * kk + (lane / 8) % 2));
+        sm80::ldmatrix_x2(bk, k_base + swz<Cfg::kKChunks>(key0 + lane % 8, 2 * kk + (lane / 8) % 2));
         sm80::mma_16816<T>(acc[0], a, bk[0], bk[1]);
       } else {
 #pragma unroll
@@ -673,7 +698,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
 #pragma unroll
           for (int j = 0; j < Cfg::kSTiles; ++j) {
             const int key = key0 + 8 * j + 2 * (lane % 4);
-            const float s0 = s_kscale[4 * key + t0 + c], s1 = s_kscale[4 * (key + 1) + t0 + c];
+            const float s0 = kscale(s_rows, key, t0 + c), s1 = kscale(s_rows, key + 1, t0 + c);
             sc[j][0] = fmaf(acc[c][j][0], s0, sc[j][0]);
             sc[j][1] = fmaf(acc[c][j][1], s1, sc[j][1]);
             sc[j][2] = fmaf(acc[c][j][2], s0, sc[j][2]);
@@ -681,14 +706,33 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
           }
         }
       }
+      if constexpr (Cfg::kPvRaw) {
+        // k_pe from the staging rows (656 B = 164 words apart: the 8 rows of an ldmatrix phase start
+        // 4 banks apart, conflict-free), same fragments as from the K tile.
+        const uint32_t q_pe = q_base, rows = sm80::smem_addr(s_rows) + kDsMlaRopeOffset;
 #pragma unroll
-      for (int kk = kKvLoraRank / 16; kk < kChunks / 2; ++kk) qk_step(__nv_bfloat16{}, sc, kk);
+        for (int kk = kKvLoraRank / 16; kk < kChunks / 2; ++kk) {
+          uint32_t a[4];
+          sm80::ldmatrix_x4(a, q_pe + swz<kChunks>(row_group * 16 + lane % 16, 2 * kk + lane / 16));
+#pragma unroll
+          for (int n16 = 0; n16 < Cfg::kSTiles / 2; ++n16) {
+            uint32_t bk[4];
+            const int key = key0 + 16 * n16 + (lane / 16) * 8 + lane % 8;
+            sm80::ldmatrix_x4(bk, rows + key * kDsMlaRowBytes + 16 * (2 * kk - kKvLoraRank / 8 + (lane / 8) % 2));
+            sm80::mma_16816<__nv_bfloat16>(sc[2 * n16], a, bk[0], bk[1]);
+            sm80::mma_16816<__nv_bfloat16>(sc[2 * n16 + 1], a, bk[2], bk[3]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int kk = kKvLoraRank / 16; kk < kChunks / 2; ++kk) qk_step(__nv_bfloat16{}, sc, kk);
+      }
     }
   };
   // Returns the factor R_old / R_new of this warp's O (fp8_ds_mla; else 1).
   auto softmax_p = [&](float (&sc)[Cfg::kSTiles][4], const uint8_t* s_kt, int valid_slot) -> float {
     // Mask with selects (never multiply: a masked score must not turn into NaN), scale.
-    const int* valid = s_valid + valid_slot * kN;
+    const auto* valid = s_valid + valid_slot * kN;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < Cfg::kSTiles; ++j) {
@@ -843,9 +887,51 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     }
     }
   };
+  // kPvRaw: O += P' V(t) with V read from tile t's staging rows `rows` and converted in registers,
+  // interleaved with the dequantisation of the next tile's staging rows `rows_next` into the K tile
+  // (which QK^T(t) no longer reads): two of this warp's 8 rows per 16-key step, so that their loads,
+  // conversions and stores issue while the step's MMAs run. Natural key order: thread qd's B rows are
+  // keys 16 ks + 2 qd + {0, 1, 8, 9} (the A fragment's, from the same P tile as pv() reads), whose
+  // 32-bit loads (4 dims each) sit 8 qd + grp words apart mod 32: conflict-free. Column n of n-tile j
+  // in set S is dim col0 + 32 S + 4 n + j, so C holds dims col0 + 32 S + 8 qd + {j, 4 + j}: o[mt][4 S + j].
+  auto pv_raw = [&](const uint8_t* rows, const uint8_t* rows_next) {
+    const uint32_t v_base = sm80::smem_addr(rows), p_base = sm80::smem_addr(s_p);
+#pragma unroll
+    for (int ks = 0; ks < kN / 16; ++ks) {
+      uint32_t a[Cfg::kPvMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
+        sm80::ldmatrix_x4(a[mt], p_base + swz<kN / 8>(16 * mt + lane % 16, 2 * ks + lane / 16));
+      }
+      const int k = 16 * ks + 2 * qd;  // a[.][0/1]: keys k, k + 1; a[.][2/3]: keys k + 8, k + 9
+      const __half2 s01 = __floats2half2_rn(kscale(rows, k, vt) * v_inv, kscale(rows, k + 1, vt) * v_inv);
+      const __half2 s89 = __floats2half2_rn(kscale(rows, k + 8, vt) * v_inv, kscale(rows, k + 9, vt) * v_inv);
+#pragma unroll
+      for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
+        a[mt][0] = e4m3::hmul2_bits(a[mt][0], s01);
+        a[mt][1] = e4m3::hmul2_bits(a[mt][1], s01);
+        a[mt][2] = e4m3::hmul2_bits(a[mt][2], s89);
+        a[mt][3] = e4m3::hmul2_bits(a[mt][3], s89);
+      }
+      dequant_ds_mla_kv_c<2, Cfg::kWarps>(rows_next, s_k, warp, lane, 2 * ks, [](int r, int c) { return swz<Cfg::kKChunks>(r, c); });
+#pragma unroll
+      for (int S = 0; S < 2; ++S) {
+        uint32_t w[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w[e] = e4m3::lds32(v_base + (k + (e % 2) + 8 * (e / 2)) * kDsMlaRowBytes + col0 + 32 * S + 4 * grp);
+        uint32_t b0[4], b1[4];
+        e4m3::regroup_pv_b(w, b0, b1);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+          for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) sm80::mma_16816<__half>(o[mt][4 * S + j], a[mt], b0[j], b1[j]);
+        }
+      }
+    }
+  };
   auto compute_tile = [&](const uint8_t* s_kt, int valid_slot) {
     float sc[Cfg::kSTiles][4];
-    scores(s_kt, sc);
+    scores(s_kt, s_kt, sc);
     const float v_rescale = softmax_p(sc, s_kt, valid_slot);
     __syncthreads();  // P and the rescale factors of all rows written (PV takes all rows)
     rescale_o(v_rescale);
@@ -997,6 +1083,45 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
       qk_partial(stage(t + 1));
       if (t + 1 < num_tiles) softmax_after_qk(t + 1);
     }
+  } else if constexpr (Cfg::kPvRaw) {
+    // fp8_ds_mla, 64-head tiles, V from the staging rows (pv_raw): per tile t, QK^T(t) on the K tile
+    // (dequantised during PV(t - 1)) and k_pe / scales from staging buffer t % 2, the softmax, one
+    // barrier (P(t); tile t + 1 landed; K no longer read), then PV(t) on buffer t % 2 interleaved with
+    // the dequantisation of buffer (t + 1) % 2 into K, and a barrier (K holds tile t + 1; buffer t % 2
+    // is free for tile t + 2). The last tile dequantises itself again (no branch in that block;
+    // nothing reads K afterwards but the epilogue's final maxima, written after the barrier).
+    constexpr int kS = Cfg::kStages;
+    auto stage = [&](int t) { return s_raw + (t % kS) * Cfg::kRawTileBytes; };
+    if (num_tiles > 0) load_q();
+    sm80::cp_async_commit();
+#pragma unroll
+    for (int i = 0; i < kS; ++i) {
+      if (i < num_tiles) load_tile(tile_begin + i, stage(i), i);
+      sm80::cp_async_commit();
+    }
+    if (num_tiles > 0) {
+      sm80::cp_async_wait<kS>();  // this thread's Q chunks
+      start_q_fp16();
+      sm80::cp_async_wait<kS - 1>();  // tile 0
+      __syncthreads();
+#pragma unroll
+      for (int j0 = 0; j0 < kN / Cfg::kWarps; j0 += 4) {
+        dequant_ds_mla_kv_c<4, Cfg::kWarps>(stage(0), s_k, warp, lane, j0, [](int r, int c) { return swz<Cfg::kKChunks>(r, c); });
+      }
+      __syncthreads();  // K holds tile 0
+    }
+    for (int t = 0; t < num_tiles; ++t) {
+      float sc[Cfg::kSTiles][4];
+      scores(s_k, stage(t), sc);
+      const float v_rescale = softmax_p(sc, stage(t), t % kS);
+      sm80::cp_async_wait<0>();  // this thread's copies of tile t + 1
+      __syncthreads();           // P(t), s_corr, tile t + 1 visible; QK^T(t) done with K
+      rescale_o(v_rescale);
+      pv_raw(stage(t), stage(t + 1 < num_tiles ? t + 1 : t));
+      __syncthreads();  // K holds tile t + 1; buffer t % kS free
+      if (t + kS < num_tiles) load_tile(tile_begin + t + kS, stage(t), t % kS);
+      sm80::cp_async_commit();
+    }
   } else {
     // fp8_ds_mla: kStages tiles land in staging buffers while earlier tiles compute; each is
     // converted into the one fp16 K buffer just before its math. Q has its own cp.async group:
@@ -1059,15 +1184,15 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
       const float sink = p.num_splits == 1 && p.attn_sink != nullptr ? attn_sink_factor(lse, p.attn_sink[h]) : 1.f;
       const float f = inv * sink * (Cfg::kDsMla ? v_ref : 1.f);
       const bool lse_writer = warp == 0 && lane % 4 == 0;
-      if constexpr (Cfg::kE4m3Frags) {
-        // o[0][4 S + j] holds dims col0 + 32 S + 8 (lane % 4) + {j, 4 + j}.
+      if constexpr (Cfg::kE4m3Frags || Cfg::kPvRaw) {
+        // o[mt][4 S + j] holds dims col0 + 32 S + 8 (lane % 4) + {j, 4 + j}.
 #pragma unroll
         for (int S = 0; S < 2; ++S) {
           float v[8];
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            v[j] = o[0][4 * S + j][2 * i] * f;
-            v[4 + j] = o[0][4 * S + j][2 * i + 1] * f;
+            v[j] = o[mt][4 * S + j][2 * i] * f;
+            v[4 + j] = o[mt][4 * S + j][2 * i + 1] * f;
           }
           const int d0 = col0 + 32 * S + 8 * (lane % 4);
           if (p.num_splits == 1) {
@@ -1106,9 +1231,9 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
 }
 
 template <int kM, CacheFormat kFormat, int kStages, bool kE4m3Frags = false, int kRowThreads = 8, bool kBulkRows = false,
-          int kCopyWarps = 0>
+          int kCopyWarps = 0, bool kPvRaw = false>
 void launch_sparse_decode_portable(const SparseDecodeParams& p) {
-  using Cfg = PortableConfig<kM, kFormat, kStages, kE4m3Frags, kRowThreads, kBulkRows, kCopyWarps>;
+  using Cfg = PortableConfig<kM, kFormat, kStages, kE4m3Frags, kRowThreads, kBulkRows, kCopyWarps, kPvRaw>;
   auto kernel = sparse_decode_portable_kernel<Cfg>;
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((p.h_q + kM - 1) / kM, p.num_splits, p.batch * p.s_q);

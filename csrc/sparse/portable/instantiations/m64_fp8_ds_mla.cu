@@ -4,4 +4,6 @@
 namespace mla::sparse {
 template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1, false, 4>(const SparseDecodeParams&);
 template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1, false, 8>(const SparseDecodeParams&);
+// V from the staging rows, the next tile dequantised during PV (PortableConfig::kPvRaw)
+template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 2, false, 8, false, 0, true>(const SparseDecodeParams&);
 }  // namespace mla::sparse
