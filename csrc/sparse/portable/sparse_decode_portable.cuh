@@ -106,6 +106,12 @@ struct PortableConfig {
   static constexpr int kChunks = kLatentDim / 8;
   static constexpr int kRawChunks = kDsMlaRowBytes / 16;  // 41 (fp8_ds_mla rows are 16-byte multiples)
   static constexpr int kKChunks = kPvRaw ? kKvLoraRank / 8 : kChunks;  // 16-byte chunks per K tile row
+  // kPvRaw, lazy running maximum: a row's max moves only when a tile's max exceeds it by more than
+  // 2^kMaxSlack, so that once the maxima settle PV skips the O rescale (128 FMULs per thread and tile
+  // with 64 rows, where some row's max moved on 96% of the tiles of the benchmark). P <= 2^4 then, and
+  // R's room shrinks from 2^14 to 2^11 so that P' = P scale / R <= 2^15 stays inside fp16.
+  static constexpr float kMaxSlack = kPvRaw ? 4.f : 0.f;
+  static constexpr int kScaleFitLog2 = kPvRaw ? 11 : 14;
   // Tiles in flight: bf16 K buffers (the rows land in the K tile itself), or fp8_ds_mla staging
   // buffers (dequantised into one bf16 K tile). More stages keep more gathered bytes in flight,
   // which is what the memory-bound small head tiles need.
@@ -681,6 +687,18 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
       // kv_c: 4 scale tiles of 128 dims (8 fp16 k-steps each), kC tiles at a time in independent
       // accumulators; each partial times its key's fp32 tile scale. Then k_pe (4 bf16 k-steps,
       // unscaled) accumulates on top.
+      // kPvRaw: the ldmatrix addresses come from one base per lane and operand. Chunk c = 2 kk + h of
+      // row r sits at byte 16 (c ^ (r % 8)) of the row, which for kk = 8 t + st is 256 t + 128 (st / 4)
+      // + (16 (h ^ (r % 8)) ^ 32 (st % 4)); the row's address plus 256 t has bits 4-6 clear, so the
+      // address is ((lane base + 256 t) ^ 32 (st % 4)) + 128 (st / 4): one XOR per k-step and operand
+      // and an immediate offset, where the generic swz() costs ~4 integer instructions per ldmatrix
+      // (the profile of the first kPvRaw kernel: ~78 of the 158 instructions of this loop).
+      uint32_t q_lane = 0, k_lane = 0;
+      if constexpr (Cfg::kPvRaw) {
+        const int qr = row_group * 16 + lane % 16, kr = key0 + (lane / 16) * 8 + lane % 8;
+        q_lane = q_base + qr * kChunks * 16 + 16 * ((lane / 16) ^ (qr & 7));
+        k_lane = k_base + kr * Cfg::kKChunks * 16 + 16 * (((lane / 8) % 2) ^ (kr & 7));
+      }
 #pragma unroll 1  // (unrolled, the 64-head tile's MMA operands outgrow the 255 registers)
       for (int t0 = 0; t0 < 4; t0 += kC) {
         float acc[kC][Cfg::kSTiles][4];
@@ -691,7 +709,24 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
 #pragma unroll
         for (int st = 0; st < 8; ++st) {
 #pragma unroll
-          for (int c = 0; c < kC; ++c) qk_step(__half{}, acc[c], 8 * (t0 + c) + st);
+          for (int c = 0; c < kC; ++c) {
+            if constexpr (Cfg::kPvRaw) {
+              static_assert(Cfg::kSTiles == 4, "kPvRaw: 32 keys per warp, two ldmatrix_x4 of K per k-step");
+              const uint32_t x = 32 * (st % 4), off = 128 * (st / 4);
+              const uint32_t qa = ((q_lane + 256 * (t0 + c)) ^ x) + off, ka = ((k_lane + 256 * (t0 + c)) ^ x) + off;
+              uint32_t a[4], bk[2][4];
+              sm80::ldmatrix_x4(a, qa);
+              sm80::ldmatrix_x4(bk[0], ka);
+              sm80::ldmatrix_x4(bk[1], ka + 16 * Cfg::kKChunks * 16);  // keys + 16: same row % 8
+#pragma unroll
+              for (int n16 = 0; n16 < 2; ++n16) {
+                sm80::mma_16816<__half>(acc[c][2 * n16], a, bk[n16][0], bk[n16][1]);
+                sm80::mma_16816<__half>(acc[c][2 * n16 + 1], a, bk[n16][2], bk[n16][3]);
+              }
+            } else {
+              qk_step(__half{}, acc[c], 8 * (t0 + c) + st);
+            }
+          }
         }
 #pragma unroll
         for (int c = 0; c < kC; ++c) {
@@ -709,11 +744,11 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
       if constexpr (Cfg::kPvRaw) {
         // k_pe from the staging rows (656 B = 164 words apart: the 8 rows of an ldmatrix phase start
         // 4 banks apart, conflict-free), same fragments as from the K tile.
-        const uint32_t q_pe = q_base, rows = sm80::smem_addr(s_rows) + kDsMlaRopeOffset;
+        const uint32_t rows = sm80::smem_addr(s_rows) + kDsMlaRopeOffset;
 #pragma unroll
         for (int kk = kKvLoraRank / 16; kk < kChunks / 2; ++kk) {
           uint32_t a[4];
-          sm80::ldmatrix_x4(a, q_pe + swz<kChunks>(row_group * 16 + lane % 16, 2 * kk + lane / 16));
+          sm80::ldmatrix_x4(a, (q_lane + 1024) ^ (32 * (kk - kKvLoraRank / 16)));  // chunks 64 + 2 (kk - 32) + h
 #pragma unroll
           for (int n16 = 0; n16 < Cfg::kSTiles / 2; ++n16) {
             uint32_t bk[4];
@@ -754,7 +789,9 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     }
     // fp8_ds_mla: R of this warp's scale tile (registers only: overlaps the barrier wait).
     float v_rescale = 1.f;
-    if constexpr (Cfg::kDsMla) e4m3::update_scale_ref(kscale(s_kt, lane, vt), kscale(s_kt, lane + 32, vt), v_ref, v_rescale, v_inv);
+    if constexpr (Cfg::kDsMla) {
+      e4m3::update_scale_ref<Cfg::kScaleFitLog2>(kscale(s_kt, lane, vt), kscale(s_kt, lane + 32, vt), v_ref, v_rescale, v_inv);
+    }
     sm80::named_barrier(bar_id, kBarThreads);
     float m_use[2];
 #pragma unroll
@@ -762,7 +799,8 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
       float tile_max = -INFINITY;
 #pragma unroll
       for (int g = 0; g < Cfg::kColGroups; ++g) tile_max = fmaxf(tile_max, s_red[g * kM + r0 + 8 * i]);
-      const float m_new = fmaxf(m_run[i], tile_max);
+      float m_new = fmaxf(m_run[i], tile_max);
+      if constexpr (Cfg::kMaxSlack > 0.f) m_new = tile_max > m_run[i] + Cfg::kMaxSlack ? m_new : m_run[i];  // (-inf + slack = -inf)
       m_use[i] = m_new == -INFINITY ? 0.f : m_new;  // all masked so far: exp2(-inf - 0) = 0
       const float corr = fast_exp2(m_run[i] - m_use[i]);
       m_run[i] = m_new;
