@@ -163,6 +163,16 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
   return static_cast<uint32_t>((r * kRowChunks + (c ^ (r & 7))) * 16);
 }
 
+// The kPvRaw K tile (kv_c only: 64 chunks per row): chunk c of row r at c ^ (r % 8) ^ ((c / 8) % 2).
+// The extra bit lets the dequantisation store chunks 2 c', 2 c' + 1 in the same order in every lane:
+// the 8 lanes of a store phase (chunks 16 i .. 16 i + 15) hit 8 different bank groups, where with
+// swz() alone lanes c' and c' + 4 collide (which dequant_ds_mla_kv_c avoids otherwise by swapping
+// the store order in half of the lanes: 8 SEL per row). An ldmatrix reads one chunk of 8
+// consecutive rows: 8 bank groups either way.
+__device__ __forceinline__ uint32_t swz_k64(int r, int c) {
+  return static_cast<uint32_t>((r * 64 + (c ^ (r & 7) ^ ((c >> 3) & 1))) * 16);
+}
+
 using sm80::fast_exp2;  // results below 2^-126 flush to 0: the fp16/bf16 P could not hold them apart from 0
 
 // ---- pieces shared with the sm90 kernel (sm90/sparse_decode_sm90_fp8.cu) ----------------------
@@ -257,8 +267,9 @@ __device__ __forceinline__ void copy_ds_mla_row_part(uint8_t* dst_row, const uin
 // fp8_ds_mla staging rows -> K tile, kv_c part: lane c converts 16-byte chunk c (e4m3 -> fp16, exact,
 // one cvt per two values, no scale) of the kRows rows warp + kWarps j, j = j0 .. j0 + kRows - 1, all
 // loaded before any is converted so that the shared loads overlap. addr(r, c) = byte offset of
-// 16-byte chunk c (8 dims) of key row r in s_k.
-template <int kRows, int kWarps, typename Addr>
+// 16-byte chunk c (8 dims) of key row r in s_k; kSameOrder: every lane stores its chunk 2c first
+// (addr must then spread them over the bank groups itself, as swz_k64 does).
+template <int kRows, int kWarps, bool kSameOrder = false, typename Addr>
 __device__ __forceinline__ void dequant_ds_mla_kv_c(const uint8_t* s_stage, uint8_t* s_k, int warp, int lane, int j0, Addr addr) {
   const int c = lane;
   uint4 v[kRows];
@@ -274,9 +285,9 @@ __device__ __forceinline__ void dequant_ds_mla_kv_c(const uint8_t* s_stage, uint
     e4m3::x4_to_f16x2x2(v[j].y, h[2], h[3]);
     e4m3::x4_to_f16x2x2(v[j].z, h[4], h[5]);
     e4m3::x4_to_f16x2x2(v[j].w, h[6], h[7]);
-    // Output chunks 2c, 2c + 1; lanes c / 4 odd store the odd one first, so that the 8 lanes
-    // of each store phase hit 8 different 16-byte bank groups.
-    const int first = (c >> 2) & 1;
+    // Output chunks 2c, 2c + 1; lanes c / 4 odd store the odd one first (unless kSameOrder), so that
+    // the 8 lanes of each store phase hit 8 different 16-byte bank groups.
+    const int first = kSameOrder ? 0 : (c >> 2) & 1;
     const uint4 lo = make_uint4(h[0], h[1], h[2], h[3]), hi = make_uint4(h[4], h[5], h[6], h[7]);
     *reinterpret_cast<uint4*>(s_k + addr(r, 2 * c + first)) = first ? hi : lo;
     *reinterpret_cast<uint4*>(s_k + addr(r, 2 * c + 1 - first)) = first ? lo : hi;
@@ -688,16 +699,17 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
       // accumulators; each partial times its key's fp32 tile scale. Then k_pe (4 bf16 k-steps,
       // unscaled) accumulates on top.
       // kPvRaw: the ldmatrix addresses come from one base per lane and operand. Chunk c = 2 kk + h of
-      // row r sits at byte 16 (c ^ (r % 8)) of the row, which for kk = 8 t + st is 256 t + 128 (st / 4)
+      // a Q row r sits at byte 16 (c ^ (r % 8)) of the row, which for kk = 8 t + st is 256 t + 128 (st / 4)
       // + (16 (h ^ (r % 8)) ^ 32 (st % 4)); the row's address plus 256 t has bits 4-6 clear, so the
       // address is ((lane base + 256 t) ^ 32 (st % 4)) + 128 (st / 4): one XOR per k-step and operand
       // and an immediate offset, where the generic swz() costs ~4 integer instructions per ldmatrix
-      // (the profile of the first kPvRaw kernel: ~78 of the 158 instructions of this loop).
+      // (the profile of the first kPvRaw kernel: ~78 of the 158 instructions of this loop). K rows
+      // (swz_k64) XOR 16 more where (c / 8) % 2 = 1, i.e. for st >= 4.
       uint32_t q_lane = 0, k_lane = 0;
       if constexpr (Cfg::kPvRaw) {
         const int qr = row_group * 16 + lane % 16, kr = key0 + (lane / 16) * 8 + lane % 8;
         q_lane = q_base + qr * kChunks * 16 + 16 * ((lane / 16) ^ (qr & 7));
-        k_lane = k_base + kr * Cfg::kKChunks * 16 + 16 * (((lane / 8) % 2) ^ (kr & 7));
+        k_lane = k_base + swz_k64(kr, (lane / 8) % 2);  // = row + 16 (h ^ (kr % 8))
       }
 #pragma unroll 1  // (unrolled, the 64-head tile's MMA operands outgrow the 255 registers)
       for (int t0 = 0; t0 < 4; t0 += kC) {
@@ -706,26 +718,33 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
         for (int c = 0; c < kC; ++c)
 #pragma unroll
           for (int j = 0; j < Cfg::kSTiles; ++j) acc[c][j][0] = acc[c][j][1] = acc[c][j][2] = acc[c][j][3] = 0.f;
+        if constexpr (Cfg::kPvRaw) {
+          // The fragments of k-step st + 1 are loaded before the MMAs of step st (the MMAs waited for
+          // their own ldmatrix: short-scoreboard stalls were 2/3 of this loop's samples).
+          static_assert(Cfg::kSTiles == 4 && kC == 1, "kPvRaw: 32 keys per warp, two ldmatrix_x4 of K per k-step");
+          uint32_t a[2][4], bk[2][2][4];
+          auto load_step = [&](int st, uint32_t (&fa)[4], uint32_t (&fb)[2][4]) {
+            const uint32_t x = 32 * (st % 4), off = 128 * (st / 4);
+            sm80::ldmatrix_x4(fa, ((q_lane + 256 * t0) ^ x) + off);
+            const uint32_t ka = ((k_lane + 256 * t0) ^ (x | (st >= 4 ? 16u : 0u))) + off;
+            sm80::ldmatrix_x4(fb[0], ka);
+            sm80::ldmatrix_x4(fb[1], ka + 16 * Cfg::kKChunks * 16);  // keys + 16: same row % 8
+          };
+          load_step(0, a[0], bk[0]);
 #pragma unroll
-        for (int st = 0; st < 8; ++st) {
+          for (int st = 0; st < 8; ++st) {
+            if (st + 1 < 8) load_step(st + 1, a[(st + 1) % 2], bk[(st + 1) % 2]);
 #pragma unroll
-          for (int c = 0; c < kC; ++c) {
-            if constexpr (Cfg::kPvRaw) {
-              static_assert(Cfg::kSTiles == 4, "kPvRaw: 32 keys per warp, two ldmatrix_x4 of K per k-step");
-              const uint32_t x = 32 * (st % 4), off = 128 * (st / 4);
-              const uint32_t qa = ((q_lane + 256 * (t0 + c)) ^ x) + off, ka = ((k_lane + 256 * (t0 + c)) ^ x) + off;
-              uint32_t a[4], bk[2][4];
-              sm80::ldmatrix_x4(a, qa);
-              sm80::ldmatrix_x4(bk[0], ka);
-              sm80::ldmatrix_x4(bk[1], ka + 16 * Cfg::kKChunks * 16);  // keys + 16: same row % 8
-#pragma unroll
-              for (int n16 = 0; n16 < 2; ++n16) {
-                sm80::mma_16816<__half>(acc[c][2 * n16], a, bk[n16][0], bk[n16][1]);
-                sm80::mma_16816<__half>(acc[c][2 * n16 + 1], a, bk[n16][2], bk[n16][3]);
-              }
-            } else {
-              qk_step(__half{}, acc[c], 8 * (t0 + c) + st);
+            for (int n16 = 0; n16 < 2; ++n16) {
+              sm80::mma_16816<__half>(acc[0][2 * n16], a[st % 2], bk[st % 2][n16][0], bk[st % 2][n16][1]);
+              sm80::mma_16816<__half>(acc[0][2 * n16 + 1], a[st % 2], bk[st % 2][n16][2], bk[st % 2][n16][3]);
             }
+          }
+        } else {
+#pragma unroll
+          for (int st = 0; st < 8; ++st) {
+#pragma unroll
+            for (int c = 0; c < kC; ++c) qk_step(__half{}, acc[c], 8 * (t0 + c) + st);
           }
         }
 #pragma unroll
@@ -936,14 +955,23 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     const uint32_t v_base = sm80::smem_addr(rows), p_base = sm80::smem_addr(s_p);
 #pragma unroll
     for (int ks = 0; ks < kN / 16; ++ks) {
+      // All of the step's shared loads first (P, V words, scales), then the dequantisation's, so that
+      // they are in flight together before the first conversion and MMA needs them.
       uint32_t a[Cfg::kPvMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
         sm80::ldmatrix_x4(a[mt], p_base + swz<kN / 8>(16 * mt + lane % 16, 2 * ks + lane / 16));
       }
       const int k = 16 * ks + 2 * qd;  // a[.][0/1]: keys k, k + 1; a[.][2/3]: keys k + 8, k + 9
+      uint32_t w[2][4];
+#pragma unroll
+      for (int S = 0; S < 2; ++S) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w[S][e] = e4m3::lds32(v_base + (k + (e % 2) + 8 * (e / 2)) * kDsMlaRowBytes + col0 + 32 * S + 4 * grp);
+      }
       const __half2 s01 = __floats2half2_rn(kscale(rows, k, vt) * v_inv, kscale(rows, k + 1, vt) * v_inv);
       const __half2 s89 = __floats2half2_rn(kscale(rows, k + 8, vt) * v_inv, kscale(rows, k + 9, vt) * v_inv);
+      dequant_ds_mla_kv_c<2, Cfg::kWarps, true>(rows_next, s_k, warp, lane, 2 * ks, [](int r, int c) { return swz_k64(r, c); });
 #pragma unroll
       for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
         a[mt][0] = e4m3::hmul2_bits(a[mt][0], s01);
@@ -951,14 +979,10 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
         a[mt][2] = e4m3::hmul2_bits(a[mt][2], s89);
         a[mt][3] = e4m3::hmul2_bits(a[mt][3], s89);
       }
-      dequant_ds_mla_kv_c<2, Cfg::kWarps>(rows_next, s_k, warp, lane, 2 * ks, [](int r, int c) { return swz<Cfg::kKChunks>(r, c); });
 #pragma unroll
       for (int S = 0; S < 2; ++S) {
-        uint32_t w[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) w[e] = e4m3::lds32(v_base + (k + (e % 2) + 8 * (e / 2)) * kDsMlaRowBytes + col0 + 32 * S + 4 * grp);
         uint32_t b0[4], b1[4];
-        e4m3::regroup_pv_b(w, b0, b1);
+        e4m3::regroup_pv_b(w[S], b0, b1);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
 #pragma unroll
@@ -1144,7 +1168,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
       __syncthreads();
 #pragma unroll
       for (int j0 = 0; j0 < kN / Cfg::kWarps; j0 += 4) {
-        dequant_ds_mla_kv_c<4, Cfg::kWarps>(stage(0), s_k, warp, lane, j0, [](int r, int c) { return swz<Cfg::kKChunks>(r, c); });
+        dequant_ds_mla_kv_c<4, Cfg::kWarps, true>(stage(0), s_k, warp, lane, j0, [](int r, int c) { return swz_k64(r, c); });
       }
       __syncthreads();  // K holds tile 0
     }
