@@ -166,6 +166,7 @@ void plan_sparse_decode(SparseDecodeParams& p, int device) {
   splits = std::clamp(splits, 1, total_tiles);
   p.tiles_per_split = (total_tiles + splits - 1) / splits;
   p.num_splits = (total_tiles + p.tiles_per_split - 1) / p.tiles_per_split;
+  p.block_div = FastDivmod(static_cast<int32_t>(std::clamp<int64_t>(p.block_size, 1, INT32_MAX)));
 }
 
 void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {

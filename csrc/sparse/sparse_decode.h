@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "common/fast_divmod.h"
 #include "common/types.h"
 
 namespace mla {
@@ -34,6 +35,7 @@ struct SparseDecodeParams {
   int64_t stride_cache_token_bytes;            // bytes, multiple of 16
   int64_t block_size;
   int64_t num_slots;                           // num_blocks * block_size
+  FastDivmod block_div;                        // min(block_size, 2^31 - 1), set by plan_sparse_decode()
   float softmax_scale;
   CacheFormat format;                          // kAuto (bf16) or kFp8DsMla
   int num_splits;                              // from plan_sparse_decode(); 1 = no combine

@@ -107,11 +107,12 @@ struct PortableConfig {
   static constexpr int kRawChunks = kDsMlaRowBytes / 16;  // 41 (fp8_ds_mla rows are 16-byte multiples)
   static constexpr int kKChunks = kPvRaw ? kKvLoraRank / 8 : kChunks;  // 16-byte chunks per K tile row
   // kPvRaw, lazy running maximum: a row's max moves only when a tile's max exceeds it by more than
-  // 2^kMaxSlack, so that once the maxima settle PV skips the O rescale (128 FMULs per thread and tile
-  // with 64 rows, where some row's max moved on 96% of the tiles of the benchmark). P <= 2^4 then, and
-  // R's room shrinks from 2^14 to 2^11 so that P' = P scale / R <= 2^15 stays inside fp16.
-  static constexpr float kMaxSlack = kPvRaw ? 4.f : 0.f;
-  static constexpr int kScaleFitLog2 = kPvRaw ? 11 : 14;
+  // kMaxSlack (log2 units), so that once the maxima settle PV skips the O rescale (128 FMULs per
+  // thread and tile with 64 rows, where some row's max moved on 96% of the tiles of the benchmark;
+  // 37% with a slack of 4). P <= 2^8 then, and R's room shrinks from 2^14 to 2^7 so that
+  // P' = P scale / R <= 2^15 stays inside fp16.
+  static constexpr float kMaxSlack = kPvRaw ? 8.f : 0.f;
+  static constexpr int kScaleFitLog2 = kPvRaw ? 7 : 14;
   // Tiles in flight: bf16 K buffers (the rows land in the K tile itself), or fp8_ds_mla staging
   // buffers (dequantised into one bf16 K tile). More stages keep more gathered bytes in flight,
   // which is what the memory-bound small head tiles need.
@@ -221,16 +222,18 @@ __device__ __forceinline__ void load_q_tile(const SparseDecodeParams& p, int b, 
   }
 }
 
-// Slots are int32: block_size clamped to 2^31 divides them exactly like the int64 value, with a
-// 32-bit unsigned division (the cache strides stay 64-bit).
+// Slots are int32 (the cache strides stay 64-bit): block_size clamped to 2^31 gives the same
+// quotients and remainders as the int64 value.
 __device__ __forceinline__ uint32_t block_size_u32(const SparseDecodeParams& p) {
   return p.block_size < (int64_t(1) << 31) ? static_cast<uint32_t>(p.block_size) : 0x80000000u;
 }
 // Global address of cache row `slot`; an invalid slot (ok false) gives the cache base, which the
-// copies then read with src-size 0.
+// copies then read with src-size 0. The page is slot / block_size by multiply-shift (p.block_div;
+// the integer division was ~20 instructions per row, a tenth of the row gather's); with a
+// block_size of 2^31 or more every int32 slot is in page 0.
 __device__ __forceinline__ const uint8_t* slot_row(const SparseDecodeParams& p, const uint8_t* cache, int32_t slot, bool ok,
                                                    uint32_t block_size32) {
-  const uint32_t blk = ok ? static_cast<uint32_t>(slot) / block_size32 : 0u;
+  const uint32_t blk = ok && p.block_size <= INT32_MAX ? static_cast<uint32_t>(p.block_div.div(slot)) : 0u;
   const uint32_t tok = ok ? static_cast<uint32_t>(slot) - blk * block_size32 : 0u;
   return ok ? cache + int64_t(blk) * p.stride_cache_block_bytes + int64_t(tok) * p.stride_cache_token_bytes : cache;
 }
