@@ -38,7 +38,17 @@ def main() -> int:
             print(f"{r.extra['format']}: h_q 16 / h_q 64 time on the same indices = {r.extra['h16_over_h64']}")
         if "flashmla_us_over_mla_ext" in r.extra:
             print(f"{r.case}: mla_ext {r.extra['flashmla_us_over_mla_ext']}x as fast as FlashMLA")
-    if args.json:
+    # MLA_EXT_FORCE_PORTABLE=1: every case on the portable kernels (what sm100 runs; the issue-5 bars are
+    # written for them), into sparse_portable.{json,md} next to the default run's sparse.{json,md}.
+    forced_portable = os.environ.get("MLA_EXT_FORCE_PORTABLE", "") not in ("", "0")
+    if args.json and forced_portable:
+        notes = ("Every case on the portable kernels (MLA_EXT_FORCE_PORTABLE=1: mma.sync m16n8k16, cp.async row "
+                 "gather), as sm100 runs them; fp8_ds_mla 64-head tiles read V from the staging rows "
+                 "(PortableConfig::kPvRaw). Bars (issue 5, portable path): >= 200 TFLOPS on fp8_ds_mla b128 s_q2 "
+                 "h_q128; h_q16 / h_q64 time <= 0.5 on the same indices.")
+        paths = write_results("sparse_portable", rows, roofline, args.json, notes=notes)
+        print("wrote", *paths)
+    elif args.json:
         notes = ("Portable kernels (mma.sync m16n8k16, cp.async row gather), except fp8_ds_mla on sm90: 64-head "
                  "tiles (h_q > 32) on the wgmma kernel, 16-head tiles (h_q <= 16) with rows gathered by "
                  "cp.async.bulk from 4 copy warps (csrc/sparse/sm90). Bars (issue 5): >= 200 TFLOPS on "

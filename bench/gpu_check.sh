@@ -30,7 +30,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 # The attention kernels' small cases that racecheck and synccheck follow (the shared-memory
 # pipelines: TMA tiles, bulk copies, copy warps, wgmma); every small case under memcheck.
 attn_small="small_for_sanitizer or small_whole_tile or small_wgmma or (small_fp8_16_head_paths and (default or copy0)) \
-or (small_fp8_64_head_paths and default and not 70) or small_fp8_16_head_paths_long_list"
+or (small_fp8_64_head_paths and (default or portable) and not 70) or small_fp8_16_head_paths_long_list"
 
 if [ "$part" != bench ]; then
 echo "== GPU tests"
@@ -82,6 +82,10 @@ for bench in bench/bench_*.py; do
   timeout 300 $py "$bench" --json "$out" > "$out/$name.txt" 2>&1 || { status=1; echo "$name FAILED"; }
   tail -40 "$out/$name.txt"
 done
+echo "== sparse benchmark, portable kernels only (MLA_EXT_FORCE_PORTABLE=1: what sm100 runs; issue 5's bars are written for it)"
+MLA_EXT_FORCE_PORTABLE=1 timeout 120 $py bench/bench_sparse.py --quick --json "$out" > "$out/bench_sparse_portable.txt" 2>&1 \
+  || { status=1; echo "bench_sparse (portable) FAILED"; }
+tail -8 "$out/bench_sparse_portable.txt"
 fi
 printf '%s\n' "${summary[@]}"
 exit $status

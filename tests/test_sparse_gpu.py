@@ -283,6 +283,20 @@ def test_sm90_gather_env_selects_kernel(h_q, monkeypatch):
     assert len(bulk) == 1 and len(cpasync) == 1 and bulk != cpasync, (bulk, cpasync)
 
 
+def _assert_env_switches_kernel(h_q, var, other, bad, monkeypatch):
+    """One fp8_ds_mla call with h_q heads launches one sparse kernel, `var`=`other` a different one
+    (so the tests that name that path run what they name), and `var`=`bad` is refused with a message."""
+    q, cache, idx, _ = _case(2, 1, h_q, 200, 64, "fp8_ds_mla")
+    call = lambda: mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, "fp8_ds_mla")  # noqa: E731
+    default = _sparse_kernels_run(call)
+    monkeypatch.setenv(var, other)
+    switched = _sparse_kernels_run(call)
+    assert len(default) == 1 and len(switched) == 1 and default != switched, (default, switched)
+    monkeypatch.setenv(var, bad)
+    with pytest.raises(RuntimeError, match=f"{var} must be"):
+        call()
+
+
 def test_sm90_copy_warps_env_selects_kernel(monkeypatch):
     """On sm90 the fp8_ds_mla 16-head kernel's bulk copies are issued by 4 copy warps,
     MLA_EXT_SPARSE_COPY_WARPS=0 by the compute warps: different kernels (so "copy0" tests what it
@@ -291,15 +305,7 @@ def test_sm90_copy_warps_env_selects_kernel(monkeypatch):
         pytest.skip("the copy warps are the sm90 16-head kernel's")
     for var in ("MLA_EXT_SPARSE_COPY_WARPS", "MLA_EXT_SPARSE_SM90", "MLA_EXT_FORCE_PORTABLE", "MLA_EXT_SPARSE_FP8_DEQUANT"):
         monkeypatch.delenv(var, raising=False)
-    q, cache, idx, _ = _case(2, 1, 16, 200, 64, "fp8_ds_mla")
-    call = lambda: mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, "fp8_ds_mla")  # noqa: E731
-    four = _sparse_kernels_run(call)
-    monkeypatch.setenv("MLA_EXT_SPARSE_COPY_WARPS", "0")
-    zero = _sparse_kernels_run(call)
-    assert len(four) == 1 and len(zero) == 1 and four != zero, (four, zero)
-    monkeypatch.setenv("MLA_EXT_SPARSE_COPY_WARPS", "2")
-    with pytest.raises(RuntimeError, match="MLA_EXT_SPARSE_COPY_WARPS must be 4 or 0"):
-        call()
+    _assert_env_switches_kernel(16, "MLA_EXT_SPARSE_COPY_WARPS", "0", "2", monkeypatch)
 
 
 def test_pv_raw_env_selects_kernel(monkeypatch):
@@ -309,15 +315,7 @@ def test_pv_raw_env_selects_kernel(monkeypatch):
     for var in ("MLA_EXT_SPARSE_PV_RAW", "MLA_EXT_SPARSE_ROW_THREADS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
-    q, cache, idx, _ = _case(2, 1, 64, 200, 64, "fp8_ds_mla")
-    call = lambda: mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, "fp8_ds_mla")  # noqa: E731
-    raw = _sparse_kernels_run(call)
-    monkeypatch.setenv("MLA_EXT_SPARSE_PV_RAW", "0")
-    dequant = _sparse_kernels_run(call)
-    assert len(raw) == 1 and len(dequant) == 1 and raw != dequant, (raw, dequant)
-    monkeypatch.setenv("MLA_EXT_SPARSE_PV_RAW", "yes")
-    with pytest.raises(RuntimeError, match="MLA_EXT_SPARSE_PV_RAW must be 1 or 0"):
-        call()
+    _assert_env_switches_kernel(64, "MLA_EXT_SPARSE_PV_RAW", "0", "yes", monkeypatch)
 
 
 def _select_64_head_path(path, monkeypatch):

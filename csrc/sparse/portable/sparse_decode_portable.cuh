@@ -879,6 +879,23 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
       }
     }
   };
+  // P A fragments of k-step kk for every m-tile (swizzled [kM][64] P tile), and P' = P scale / R: keys
+  // k, k + 1 (a[.][0/1]) times s01, keys k + 8, k + 9 (a[.][2/3]) times s89 (fp8_ds_mla).
+  auto load_p_frags = [&](uint32_t (&a)[Cfg::kPvMTiles][4], uint32_t p_base, int kk) {
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
+      sm80::ldmatrix_x4(a[mt], p_base + swz<kN / 8>(16 * mt + lane % 16, 2 * kk + lane / 16));
+    }
+  };
+  auto scale_p_frags = [&](uint32_t (&a)[Cfg::kPvMTiles][4], __half2 s01, __half2 s89) {
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
+      a[mt][0] = e4m3::hmul2_bits(a[mt][0], s01);
+      a[mt][1] = e4m3::hmul2_bits(a[mt][1], s01);
+      a[mt][2] = e4m3::hmul2_bits(a[mt][2], s89);
+      a[mt][3] = e4m3::hmul2_bits(a[mt][3], s89);
+    }
+  };
   auto pv = [&](const uint8_t* s_kt) {
     const uint32_t k_base = sm80::smem_addr(s_kt), p_base = sm80::smem_addr(s_p);
     // O += P V: V is the first 512 columns of the same rows, read transposed by ldmatrix once per
@@ -916,22 +933,11 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
       uint32_t a[Cfg::kPvMTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
-        sm80::ldmatrix_x4(a[mt], p_base + swz<kN / 8>(16 * mt + lane % 16, 2 * kk + lane / 16));
-      }
+      load_p_frags(a, p_base, kk);
       if constexpr (Cfg::kDsMla) {
         const int k = 16 * kk + 2 * (lane % 4);  // a[.][0/1]: keys k, k + 1; a[.][2/3]: keys k + 8, k + 9
         const float* ks = s_kscale + 4 * k + vt;
-        const __half2 s01 = __floats2half2_rn(ks[0] * v_inv, ks[4] * v_inv);
-        const __half2 s89 = __floats2half2_rn(ks[32] * v_inv, ks[36] * v_inv);
-#pragma unroll
-        for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
-          a[mt][0] = e4m3::hmul2_bits(a[mt][0], s01);
-          a[mt][1] = e4m3::hmul2_bits(a[mt][1], s01);
-          a[mt][2] = e4m3::hmul2_bits(a[mt][2], s89);
-          a[mt][3] = e4m3::hmul2_bits(a[mt][3], s89);
-        }
+        scale_p_frags(a, __floats2half2_rn(ks[0] * v_inv, ks[4] * v_inv), __floats2half2_rn(ks[32] * v_inv, ks[36] * v_inv));
       }
       const int key = 16 * kk + lane % 8 + ((lane / 8) % 2) * 8;
 #pragma unroll
@@ -961,10 +967,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
       // All of the step's shared loads first (P, V words, scales), then the dequantisation's, so that
       // they are in flight together before the first conversion and MMA needs them.
       uint32_t a[Cfg::kPvMTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
-        sm80::ldmatrix_x4(a[mt], p_base + swz<kN / 8>(16 * mt + lane % 16, 2 * ks + lane / 16));
-      }
+      load_p_frags(a, p_base, ks);
       const int k = 16 * ks + 2 * qd;  // a[.][0/1]: keys k, k + 1; a[.][2/3]: keys k + 8, k + 9
       uint32_t w[2][4];
 #pragma unroll
@@ -975,13 +978,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
       const __half2 s01 = __floats2half2_rn(kscale(rows, k, vt) * v_inv, kscale(rows, k + 1, vt) * v_inv);
       const __half2 s89 = __floats2half2_rn(kscale(rows, k + 8, vt) * v_inv, kscale(rows, k + 9, vt) * v_inv);
       dequant_ds_mla_kv_c<2, Cfg::kWarps, true>(rows_next, s_k, warp, lane, 2 * ks, [](int r, int c) { return swz_k64(r, c); });
-#pragma unroll
-      for (int mt = 0; mt < Cfg::kPvMTiles; ++mt) {
-        a[mt][0] = e4m3::hmul2_bits(a[mt][0], s01);
-        a[mt][1] = e4m3::hmul2_bits(a[mt][1], s01);
-        a[mt][2] = e4m3::hmul2_bits(a[mt][2], s89);
-        a[mt][3] = e4m3::hmul2_bits(a[mt][3], s89);
-      }
+      scale_p_frags(a, s01, s89);
 #pragma unroll
       for (int S = 0; S < 2; ++S) {
         uint32_t b0[4], b1[4];
