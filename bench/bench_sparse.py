@@ -1,7 +1,8 @@
 """Benchmark the sparse top-k decode: ``python bench/bench_sparse.py [--quick] [--json DIR]``.
 
 Prints time, GB/s, TFLOPS and the fraction of the roofline measured in the same run (copy
-bandwidth, bf16 matmul rate); with --json writes DIR/sparse.json and DIR/sparse.md.
+bandwidth, bf16 matmul rate); with --json writes DIR/sparse.json and DIR/sparse.md, or with
+MLA_EXT_FORCE_PORTABLE=1 (every case on the portable kernels) DIR/sparse_portable.json and .md.
 """
 
 from __future__ import annotations
@@ -42,10 +43,13 @@ def main() -> int:
     # written for them), into sparse_portable.{json,md} next to the default run's sparse.{json,md}.
     forced_portable = os.environ.get("MLA_EXT_FORCE_PORTABLE", "") not in ("", "0")
     if args.json and forced_portable:
+        switches = {k: v for k, v in os.environ.items() if k.startswith("MLA_EXT_SPARSE_")}
         notes = ("Every case on the portable kernels (MLA_EXT_FORCE_PORTABLE=1: mma.sync m16n8k16, cp.async row "
-                 "gather), as sm100 runs them; fp8_ds_mla 64-head tiles read V from the staging rows "
-                 "(PortableConfig::kPvRaw). Bars (issue 5, portable path): >= 200 TFLOPS on fp8_ds_mla b128 s_q2 "
-                 "h_q128; h_q16 / h_q64 time <= 0.5 on the same indices.")
+                 "gather), as sm100 runs them"
+                 + (f", with {switches}" if switches else
+                    "; fp8_ds_mla 64-head tiles read V from the staging rows (PortableConfig::kPvRaw)")
+                 + ". Bars (issue 5, portable path): >= 200 TFLOPS on fp8_ds_mla b128 s_q2 h_q128; "
+                 "h_q16 / h_q64 time <= 0.5 on the same indices.")
         paths = write_results("sparse_portable", rows, roofline, args.json, notes=notes)
         print("wrote", *paths)
     elif args.json:

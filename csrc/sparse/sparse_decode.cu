@@ -49,7 +49,8 @@ int head_tile(int h_q) { return h_q <= 16 ? 16 : (h_q <= 32 ? 32 : 64); }
 
 // Deepest pipeline instantiated per (head tile, format): bf16 2 K buffers; fp8_ds_mla staging
 // buffers as many as fit next to Q and the K tile in 227 KB (2 for 16 heads, whose partial-score
-// buffer takes the third's place; 2 for 32, 1 for 64).
+// buffer takes the third's place; 2 for 32, 1 for 64: the dequantising kernel; the default 64-head
+// kernel, PvRawConfig below, has 2 next to a smaller K tile).
 template <int kM, CacheFormat kFormat>
 constexpr int kDeepStages = kFormat == CacheFormat::kAuto ? 2 : (kM == 64 ? 1 : 2);
 
@@ -68,13 +69,14 @@ bool fp8_fragments_allowed(int max_smem) {
 // MLA_EXT_SPARSE_PV_RAW=0 keeps the kernel that dequantises each tile between two barriers (for
 // comparisons and tests).
 using PvRawConfig = PortableConfig<64, CacheFormat::kFp8DsMla, 2, false, 8, false, 0, true>;
-bool pv_raw_allowed(int max_smem) {
+bool pv_raw_env() {
   const char* env = std::getenv("MLA_EXT_SPARSE_PV_RAW");
   const bool off = env != nullptr && env[0] == '0' && env[1] == '\0';
   if (env != nullptr && env[0] != '\0' && !off && std::string(env) != "1")
     throw std::runtime_error(std::string("mla_ext: MLA_EXT_SPARSE_PV_RAW must be 1 or 0, got ") + env);
-  return !off && PvRawConfig::kSmemBytes <= max_smem;
+  return !off;
 }
+bool pv_raw_allowed(int max_smem) { return pv_raw_env() && PvRawConfig::kSmemBytes <= max_smem; }
 
 // How the sm90 fp8_ds_mla kernels gather rows: one cp.async.bulk per row (default, "bulk"), or
 // MLA_EXT_SPARSE_SM90=cpasync: 16-byte cp.async, 8 threads per row, as on the portable path (for
@@ -173,6 +175,9 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
   MLA_HOST_CHECK(p.num_splits >= 1 && p.tiles_per_split >= 1, "plan_sparse_decode() must run first");
   MLA_HOST_CHECK(p.num_splits == 1 || (p.partial_out != nullptr && p.partial_lse != nullptr),
                  "a split plan needs partial_out and partial_lse");
+  MLA_HOST_CHECK(p.block_div.divisor == std::clamp<int64_t>(p.block_size, 1, INT32_MAX),
+                 "plan_sparse_decode() must run after block_size is set (it sets block_div)");
+  if (p.format == CacheFormat::kFp8DsMla) sparse::pv_raw_env();  // a bad value fails on every path
   if (p.batch == 0 || p.s_q == 0 || p.h_q == 0) return;
   MLA_HOST_CHECK(int64_t(p.batch) * p.s_q <= 65535, "sparse decode supports b * s_q <= 65535 query tokens per call");
   const DeviceInfo& info = device_info(device);

@@ -120,7 +120,8 @@ struct PortableConfig {
   static_assert(kStages >= 1 && kStages <= (kE4m3Frags ? 4 : 3) && (kDsMla || kStages <= 2));
   static constexpr int kKBuffers = kE4m3Frags ? 0 : (kDsMla ? 1 : kStages);
   // Key-validity slots: bf16 alternates two tiles; fp8_ds_mla has one per staging buffer plus
-  // the copy that belongs to the K tile being computed.
+  // the copy that belongs to the K tile being computed (kPvRaw: QK^T and PV read the staging
+  // buffer's own).
   static constexpr int kValidSlots = kPvRaw ? kStages : kDsMla ? kStages + 1 : 2;
   using ValidT = std::conditional_t<kPvRaw, uint8_t, int>;  // (bytes where shared memory is short)
 
@@ -822,7 +823,9 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
 #pragma unroll
       for (int g = 0; g < Cfg::kColGroups; ++g) tile_max = fmaxf(tile_max, s_red[g * kM + r0 + 8 * i]);
       float m_new = fmaxf(m_run[i], tile_max);
-      if constexpr (Cfg::kMaxSlack > 0.f) m_new = tile_max > m_run[i] + Cfg::kMaxSlack ? m_new : m_run[i];  // (-inf + slack = -inf)
+      // (The difference, not m_run + slack: at |m_run| ~ 2^27 the sum rounds by 16. -inf - -inf = NaN
+      // compares false: m stays -inf.)
+      if constexpr (Cfg::kMaxSlack > 0.f) m_new = tile_max - m_run[i] > Cfg::kMaxSlack ? m_new : m_run[i];
       m_use[i] = m_new == -INFINITY ? 0.f : m_new;  // all masked so far: exp2(-inf - 0) = 0
       const float corr = fast_exp2(m_run[i] - m_use[i]);
       m_run[i] = m_new;
