@@ -296,12 +296,22 @@ def sparse_decode_mla(
     scores = torch.einsum("bshd,bskd->bshk", q.float(), rows) * softmax_scale
     scores = scores.masked_fill(~valid.unsqueeze(2), float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # [b, s_q, h_q]; -inf where nothing is valid
-    has_any = torch.isfinite(lse).unsqueeze(-1)
-    probs = torch.where(has_any, torch.exp(scores - torch.where(has_any, lse.unsqueeze(-1), 0.0)), 0.0)
+    probs = softmax_probs(scores)
     out = torch.einsum("bshk,bskd->bshd", probs, rows[..., :KV_LORA_RANK])
     if attn_sink is not None:
         out = out * sink_factor(lse, attn_sink).unsqueeze(-1)
     return out.to(q.dtype), lse.permute(0, 2, 1).contiguous()
+
+
+def softmax_probs(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim, 0 for a row that is all -inf. Normalised by the sum of
+    ``exp(scores - max)``, not as ``exp(scores - lse)``: at |scores| >= 2^24 an fp32 lse cannot hold
+    the log of a small sum (its step is >= 1), so a key that appears twice (a duplicate index, or two
+    slots with the same row) would weigh 1 each instead of 1/2 and the row would sum to 2."""
+    top = scores.amax(dim=-1, keepdim=True)
+    any_key = torch.isfinite(top)
+    e = torch.where(any_key, torch.exp(scores - torch.where(any_key, top, 0.0)), 0.0)
+    return e / e.sum(dim=-1, keepdim=True).clamp_min(1.0)  # the sum is >= 1 where a key is valid
 
 
 def sink_factor(lse: torch.Tensor, attn_sink: torch.Tensor) -> torch.Tensor:
@@ -429,8 +439,7 @@ def decode_mla(
         mask = valid[None, :] & (pos[None, :] < limits[:, None])  # [s_q, n]
         scores = torch.where(mask[:, None, :], scores, float("-inf"))
         row_lse = torch.logsumexp(scores, dim=-1)  # [s_q, h_q]; -inf where nothing is attended
-        seen = torch.isfinite(row_lse)
-        probs = torch.where(seen[..., None], torch.exp(scores - row_lse[..., None]), torch.zeros((), device=device))
+        probs = softmax_probs(scores)
         out[i] = torch.einsum("shn,nd->shd", probs, rows[:, :KV_LORA_RANK])
         lse[i] = row_lse.transpose(0, 1)
     return out.to(q.dtype), lse

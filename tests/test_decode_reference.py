@@ -57,6 +57,25 @@ def test_reference_edge_semantics():
         assert torch.equal(a, b)
 
 
+
+def test_reference_softmax_holds_at_huge_scores():
+    """At softmax_scale 2^22 (scores ~2^27) the spec's weights still sum to 1 when two positions hold
+    the same row (equal top scores): each weighs 1/2, as the same softmax in fp64 gives (an fp32 lse
+    cannot hold log 2 there, and exp(scores - lse) gave each 1)."""
+    torch.manual_seed(3)
+    rows = torch.randn(8, 576).to(torch.bfloat16)
+    rows[5] = rows[2]
+    cache = rows.view(1, 8, 576)
+    q = (rows[2].float() + 0.1 * torch.randn(1, 1, 2, 576)).to(torch.bfloat16)  # rows 2 and 5 score highest
+    scale = 2.0**22
+    out, lse = reference.decode_mla(q, cache, torch.zeros(1, 1, dtype=torch.int32), torch.tensor([8], dtype=torch.int32),
+                                    scale, "auto", False)
+    r = rows.double()
+    p = torch.softmax(q[0, 0].double() @ r.T * scale, dim=-1)
+    want = p @ r[:, :512]
+    torch.testing.assert_close(out[0, 0].double(), want.to(torch.bfloat16).double(), atol=0, rtol=1e-2)
+    assert lse.abs().min() > 2.0**24
+
 def test_reference_page_order_and_nan_slots():
     """Same tokens in shuffled pages, with NaN everywhere else, give the same result."""
     torch.manual_seed(1)

@@ -86,6 +86,23 @@ def test_reference_properties():
     torch.testing.assert_close(lse_s, lse_dup)
 
 
+
+def test_reference_softmax_holds_at_huge_scores():
+    """At softmax_scale 2^22 (scores ~2^27) the spec's weights still sum to 1: a top key listed twice
+    weighs 1/2 each (an fp32 lse cannot hold log 2 there, so exp(scores - lse) gave each copy 1 and
+    the output twice the row), against the same softmax in fp64."""
+    cache, good, _ = make_cache(4, 16, "fp8_ds_mla", "cpu", poison_frac=0.0)
+    q = torch.randn(1, 1, 4, 576, dtype=torch.bfloat16)
+    slots = good[:12].to(torch.int32)
+    idx = torch.cat([slots, slots[:3]]).view(1, 1, -1)  # three keys listed twice
+    scale = 2.0**22
+    out, lse = reference.sparse_decode_mla(q, cache, idx, scale, "fp8_ds_mla")
+    rows = reference.dequantize_cache(cache.flatten(0, 1)[idx[0, 0].long()], "fp8_ds_mla").double()
+    p = torch.softmax(q[0, 0].double() @ rows.T * scale, dim=-1)
+    want = p @ rows[:, :512]
+    torch.testing.assert_close(out[0, 0].double(), want.to(torch.bfloat16).double(), atol=0, rtol=1e-2)
+    assert lse.abs().min() > 2.0**24  # the regime this is about
+
 def test_op_cpu_is_reference_and_opcheck():
     cache, good, _ = make_cache(6, 8, "fp8_ds_mla", "cpu")
     q = torch.randn(2, 2, 5, 576, dtype=torch.bfloat16)
