@@ -1,5 +1,9 @@
 # Session 11: this test failed on the H200 at 32fb262 for every path it names (logs in this folder:
 # pytest_default.txt, pytest_portable.txt), and was taken out of tests/ until the cause is known.
+# Found afterwards on the CPU: the fp32 spec itself was wrong at these scores (exp(scores - lse) with an
+# fp32 lse ~2^27 cannot hold log 2: a duplicated top key weighed 1 per copy); fixed in
+# mla_ext/reference.py (softmax_probs). Next: run this again against the fixed spec (the sm90 64-head
+# kernel's non-finite output is not explained by the spec).
 # Run it from tests/test_sparse_gpu.py's namespace (it uses _case, _select_64_head_path, assert_close).
 @pytest.mark.parametrize("path", ["default", "portable", "pvdequant"])
 @pytest.mark.parametrize("h_q", [16, 128])
