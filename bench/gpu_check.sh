@@ -29,7 +29,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 
 # The attention kernels' small cases that racecheck and synccheck follow (the shared-memory
 # pipelines: TMA tiles, bulk copies, copy warps, wgmma); every small case under memcheck.
-attn_small="small_for_sanitizer or small_whole_tile or small_wgmma or (small_fp8_16_head_paths and (default or copy0)) \
+attn_small="small_for_sanitizer or small_whole_tile or small_wgmma or (small_fp8_16_head_paths and (default or copy0 or cpasync)) \
 or (small_fp8_64_head_paths and (default or portable) and not 70) or small_fp8_16_head_paths_long_list"
 
 if [ "$part" != bench ]; then

@@ -230,11 +230,11 @@ def test_small_for_sanitizer(fmt):
 @pytest.mark.parametrize("splits", ["1", "3"])
 def test_small_fp8_16_head_paths(path, h_q, splits, monkeypatch):
     """The fp8_ds_mla kernels for 16-head tiles: the default reads e4m3 fragments from the staging
-    rows, which sm90 gathers with one bulk copy per row, issued by 4 copy warps ("copy0",
-    MLA_EXT_SPARSE_COPY_WARPS=0: by the compute warps; "cpasync", MLA_EXT_SPARSE_SM90=cpasync:
-    16-byte cp.async as on the portable path); MLA_EXT_SPARSE_FP8_DEQUANT=1 dequantises into an
-    fp16 tile. Every kind of invalid entry, topk_length, attn_sink, page padding; small enough
-    for compute-sanitizer."""
+    rows, gathered by 4 copy warps (sm90: one bulk copy per row; portable: 16-byte cp.async) ("copy0",
+    MLA_EXT_SPARSE_COPY_WARPS=0: by the compute warps; "cpasync", MLA_EXT_SPARSE_SM90=cpasync: the
+    portable kernel on sm90); MLA_EXT_SPARSE_FP8_DEQUANT=1 dequantises into an fp16 tile. Every
+    kind of invalid entry, topk_length, attn_sink, page padding; small enough for compute-sanitizer
+    (with MLA_EXT_FORCE_PORTABLE=1 every path but "dequant" is a portable e4m3-fragment kernel)."""
     if path == "dequant":
         monkeypatch.setenv("MLA_EXT_SPARSE_FP8_DEQUANT", "1")
     elif path == "cpasync":
@@ -305,6 +305,16 @@ def test_sm90_copy_warps_env_selects_kernel(monkeypatch):
         pytest.skip("the copy warps are the sm90 16-head kernel's")
     for var in ("MLA_EXT_SPARSE_COPY_WARPS", "MLA_EXT_SPARSE_SM90", "MLA_EXT_FORCE_PORTABLE", "MLA_EXT_SPARSE_FP8_DEQUANT"):
         monkeypatch.delenv(var, raising=False)
+    _assert_env_switches_kernel(16, "MLA_EXT_SPARSE_COPY_WARPS", "0", "2", monkeypatch)
+
+
+def test_portable_copy_warps_env_selects_kernel(monkeypatch):
+    """The portable fp8_ds_mla 16-head kernel gathers with 4 copy warps (cp.async, completion on an
+    mbarrier) by default, MLA_EXT_SPARSE_COPY_WARPS=0 with the compute warps: different kernels (so
+    the "copy0" tests under MLA_EXT_FORCE_PORTABLE=1 test what they name); other values are refused."""
+    for var in ("MLA_EXT_SPARSE_COPY_WARPS", "MLA_EXT_SPARSE_ROW_THREADS", "MLA_EXT_SPARSE_FP8_DEQUANT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
     _assert_env_switches_kernel(16, "MLA_EXT_SPARSE_COPY_WARPS", "0", "2", monkeypatch)
 
 
@@ -389,16 +399,59 @@ def test_fp8_rising_scores(path, h_q, monkeypatch):
     assert_close(lse, ref_lse, cos_tol=1e-7, atol=5e-4, rtol=1e-4, name="lse vs fp32 spec")
 
 
+@pytest.mark.parametrize("path", ["default", "cpasync", "portable", "pvdequant"])
+@pytest.mark.parametrize("h_q", [16, 128])
+def test_fp8_huge_scores(path, h_q, monkeypatch):
+    """Scores around 2^27 (softmax_scale 2^22), where an fp32 ulp is 16: every P must stay within
+    fp16 (the sm90 64-head kernel's row max is rounded up so that fma(s, rs, -m) <= 0; the lazy
+    max of the portable 64-head kernel compares the difference of the tile max and the running
+    max with its slack), and the nearly one-hot softmax must pick each row's largest score as the
+    fp32 spec does (duplicate indices included: the spec normalises by the sum of exp(s - max))."""
+    if path == "pvdequant" and h_q == 16:
+        pytest.skip("MLA_EXT_SPARSE_PV_RAW selects between 64-head kernels only")
+    _select_64_head_path(path, monkeypatch)
+    monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", "1")
+    q, cache, idx, _ = _case(2, 1, h_q, 700, 64, "fp8_ds_mla")
+    scale = 2.0**22
+    out, lse = mla_ext.sparse_decode_mla(q, cache, idx, scale, "fp8_ds_mla")
+    ref_out, ref_lse = reference.sparse_decode_mla(q, cache, idx, scale, "fp8_ds_mla")
+    assert ref_lse.abs().amax() > 2.0**24, "scores are not in the range this test is about"
+    assert torch.isfinite(out).all(), f"{int((~torch.isfinite(out)).sum())} non-finite outputs"
+    assert_close(out, ref_out, cos_tol=1e-5, atol=5e-3, rtol=1e-2, name="out vs fp32 spec")
+    assert_close(lse, ref_lse, cos_tol=1e-7, atol=0.0, rtol=1e-5, name="lse vs fp32 spec")
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("h_q", [16, 64])
-def test_small_row_threads_4(fmt, h_q, monkeypatch):
-    """The gather with 4 threads per row (MLA_EXT_SPARSE_ROW_THREADS=4, kept for comparisons; the
-    default is 8) against the reference, with every kind of invalid entry and padded pages."""
-    monkeypatch.setenv("MLA_EXT_SPARSE_ROW_THREADS", "4")
-    monkeypatch.setenv("MLA_EXT_SPARSE_SM90", "cpasync")  # (sm90 fp8_ds_mla: else bulk copies, no row threads)
+@pytest.mark.parametrize("rows", ["4", "8", "16"])
+def test_small_row_threads(rows, fmt, h_q, monkeypatch):
+    """The portable gathers with 4, 8 and 16 threads per row (MLA_EXT_SPARSE_ROW_THREADS; the
+    defaults are 16 for fp8_ds_mla, 8 for bf16; 4 is the dequantising kernel at 64 heads) against
+    the reference, with every kind of invalid entry and padded pages."""
+    monkeypatch.setenv("MLA_EXT_SPARSE_ROW_THREADS", rows)
+    monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
     q, cache, idx, _ = _case(2, 2, h_q, 333, 61, fmt, pad_pages=True)
     tl = torch.tensor([333, 140], dtype=torch.int32, device="cuda")
     _check(q, cache, idx, fmt, tl, torch.randn(h_q, device="cuda"))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("h_q", [16, 64])
+def test_row_threads_env_selects_kernel(fmt, h_q, monkeypatch):
+    """MLA_EXT_SPARSE_ROW_THREADS names the portable gather that runs: the value that is not the
+    default (8 for fp8_ds_mla, 16 for bf16) launches a different kernel, so test_small_row_threads
+    tests what it names."""
+    for var in ("MLA_EXT_SPARSE_PV_RAW", "MLA_EXT_SPARSE_ROW_THREADS", "MLA_EXT_SPARSE_FP8_DEQUANT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
+    if fmt == "fp8_ds_mla" and h_q == 64 and torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 232320:
+        pytest.skip("the 64-head fp8_ds_mla kernel with a choice of gathers needs 232320 bytes of shared memory")
+    q, cache, idx, _ = _case(2, 1, h_q, 200, 64, fmt)
+    call = lambda: mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt)  # noqa: E731
+    default = _sparse_kernels_run(call)
+    monkeypatch.setenv("MLA_EXT_SPARSE_ROW_THREADS", "8" if fmt == "fp8_ds_mla" else "16")
+    other = _sparse_kernels_run(call)
+    assert len(default) == 1 and len(other) == 1 and default != other, (default, other)
 
 
 # ---- review fixes: padding tokens, int32 limits, empty caches, alignment, checked mode ----------

@@ -17,14 +17,18 @@ namespace sparse {
 // Compiled in portable/instantiations/*.cu.
 extern template void launch_sparse_decode_portable<16, CacheFormat::kAuto, 2, false, 4>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<16, CacheFormat::kAuto, 2, false, 8>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<16, CacheFormat::kAuto, 2, false, 16>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<16, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<32, CacheFormat::kAuto, 2>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<32, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2, false, 4>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2, false, 8>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2, false, 16>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 4>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 16>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 16, false, 4>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 2>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<32, CacheFormat::kFp8DsMla, 2>(const SparseDecodeParams&);
@@ -32,6 +36,7 @@ extern template void launch_sparse_decode_portable<32, CacheFormat::kFp8DsMla, 1
 extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1, false, 4>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1, false, 8>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 2, false, 8, false, 0, true>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 2, false, 16, false, 0, true>(const SparseDecodeParams&);
 // Compiled in sm90/sparse_decode_sm90_fp8.cu (the kernel body exists in sm_90a code only).
 void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p, bool bulk_rows);
 int sm90_fp8_m64_smem_bytes();
@@ -68,7 +73,7 @@ bool fp8_fragments_allowed(int max_smem) {
 // while PV runs (PortableConfig::kPvRaw), where shared memory allows (232320 bytes);
 // MLA_EXT_SPARSE_PV_RAW=0 keeps the kernel that dequantises each tile between two barriers (for
 // comparisons and tests).
-using PvRawConfig = PortableConfig<64, CacheFormat::kFp8DsMla, 2, false, 8, false, 0, true>;
+using PvRawConfig = PortableConfig<64, CacheFormat::kFp8DsMla, 2, false, 16, false, 0, true>;
 bool pv_raw_env() {
   const char* env = std::getenv("MLA_EXT_SPARSE_PV_RAW");
   const bool off = env != nullptr && env[0] == '0' && env[1] == '\0';
@@ -89,9 +94,10 @@ bool sm90_bulk_rows() {
   return want == "bulk";
 }
 
-// Who issues the bulk copies of the sm90 fp8_ds_mla 16-head kernel: 4 copy warps (default), or
-// MLA_EXT_SPARSE_COPY_WARPS=0: lanes 0-7 of every compute warp (for comparisons and tests).
-int sm90_m16_copy_warps() {
+// Who gathers the rows of the fp8_ds_mla 16-head kernels: 4 copy warps (default; sm90: bulk copies,
+// portable: cp.async), or MLA_EXT_SPARSE_COPY_WARPS=0: the compute warps (sm90: lanes 0-7 of each;
+// for comparisons and tests).
+int m16_copy_warps() {
   const char* env = std::getenv("MLA_EXT_SPARSE_COPY_WARPS");
   const std::string want = env != nullptr && env[0] != '\0' ? env : "4";
   if (want != "4" && want != "0")
@@ -114,7 +120,15 @@ template <int kM, CacheFormat kFormat>
 void launch_portable(const SparseDecodeParams& p, int max_smem) {
   if constexpr (kM == 16 && kFormat == CacheFormat::kFp8DsMla) {
     if (fp8_fragments_allowed(max_smem)) {
-      launch_rows<16, CacheFormat::kFp8DsMla, 4, true, 8, 4>(p);
+      // 4 copy warps gathering with cp.async, 16 threads per row; without them (MLA_EXT_SPARSE_COPY_WARPS=0,
+      // or MLA_EXT_SPARSE_ROW_THREADS set) the compute warps gather, with 16 threads per row or the named ones.
+      using CopyWarps = PortableConfig<16, CacheFormat::kFp8DsMla, 4, true, 16, false, 4>;
+      const char* rows_env = std::getenv("MLA_EXT_SPARSE_ROW_THREADS");
+      if (m16_copy_warps() == 4 && (rows_env == nullptr || rows_env[0] == '\0') && CopyWarps::kSmemBytes <= max_smem) {
+        launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 16, false, 4>(p);
+      } else {
+        launch_rows<16, CacheFormat::kFp8DsMla, 4, true, 16, 4, 8>(p);
+      }
       return;
     }
   }
@@ -124,9 +138,9 @@ void launch_portable(const SparseDecodeParams& p, int max_smem) {
   if constexpr (kDeep > 1) {
     if (PortableConfig<kM, kFormat, kDeep>::kSmemBytes <= max_smem) {
       if constexpr (kM == 16 && kFormat == CacheFormat::kAuto) {
-        launch_rows<16, CacheFormat::kAuto, 2, false, 8, 4>(p);
+        launch_rows<16, CacheFormat::kAuto, 2, false, 8, 4, 16>(p);
       } else if constexpr (kM == 64 && kFormat == CacheFormat::kAuto) {
-        launch_rows<64, CacheFormat::kAuto, 2, false, 8, 4>(p);
+        launch_rows<64, CacheFormat::kAuto, 2, false, 8, 4, 16>(p);
       } else {
         launch_sparse_decode_portable<kM, kFormat, kDeep>(p);
       }
@@ -137,10 +151,13 @@ void launch_portable(const SparseDecodeParams& p, int max_smem) {
   MLA_HOST_CHECK(kSmem <= max_smem, "sparse decode needs " + std::to_string(kSmem) +
                                         " bytes of shared memory per block, this GPU allows " + std::to_string(max_smem));
   if constexpr (kM == 64 && kFormat == CacheFormat::kFp8DsMla) {
+    // MLA_EXT_SPARSE_ROW_THREADS: 4 the dequantising kernel below, 8 the kPvRaw kernel with 8 threads
+    // per row; else the kPvRaw kernel with 16 (PvRawConfig).
     const char* rows_env = std::getenv("MLA_EXT_SPARSE_ROW_THREADS");
-    const bool rows_default = rows_env == nullptr || std::atoi(rows_env) != 4;  // (4: the kernel below only)
-    if (rows_default && pv_raw_allowed(max_smem)) {
-      launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 2, false, 8, false, 0, true>(p);
+    const int rows = rows_env != nullptr ? std::atoi(rows_env) : 0;
+    if (rows != 4 && pv_raw_allowed(max_smem)) {
+      if (rows == 8) launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 2, false, 8, false, 0, true>(p);
+      else launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 2, false, 16, false, 0, true>(p);
       return;
     }
     launch_rows<64, CacheFormat::kFp8DsMla, 1, false, 8, 4>(p);
@@ -207,7 +224,7 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
   if (sm90_fp8) {
     sparse::launch_sparse_decode_sm90_fp8_m64(p, sparse::sm90_bulk_rows());
   } else if (sm90_fp8_m16) {
-    if (sparse::sm90_m16_copy_warps() == 4) {
+    if (sparse::m16_copy_warps() == 4) {
       sparse::launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 4>(p);
     } else {
       sparse::launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 0>(p);

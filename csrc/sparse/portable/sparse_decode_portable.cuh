@@ -77,10 +77,18 @@ struct PortableConfig {
   // one after the other (the copy takes uniform-register operands: the compiler loops over the
   // lanes, ~90 cycles per row on the H200), so in the compute warps the 8 copies held back each
   // tile's MMAs by ~700 cycles; 4 copy warps take them off that path (csrc/sparse/README.md).
+  // Without bulk rows (kCpAsyncCopyWarps, sm80+): the copy warps gather with 16-byte cp.async,
+  // kRowThreads threads per row, and each copy thread's cp.async.mbarrier.arrive counts on the
+  // staging buffer's mbarrier (kCopyThreads arrivals per fill), so the compute warps never issue a
+  // gather nor wait for one they issued.
   static constexpr int kCopyWarps = kCopyWarps_;
+  static constexpr bool kCpAsyncCopyWarps = kCopyWarps > 0 && !kBulkRows;
+  static constexpr int kCopyThreads = 32 * kCopyWarps;
   // (kCopyWarps + (kCopyWarps == 0): no modulo by zero when the assert's first term already holds.)
-  static_assert(kCopyWarps == 0 || (kBulkRows && kN % (kCopyWarps + (kCopyWarps == 0)) == 0 && kN <= 32 * kCopyWarps),
-                "copy warps: bulk rows, the tile's rows spread evenly, at most one row per lane");
+  static_assert(kCopyWarps == 0 || (kE4m3Frags && kN % (kCopyWarps + (kCopyWarps == 0)) == 0 && kN <= 32 * kCopyWarps),
+                "copy warps: the e4m3-fragment kernel, the tile's rows spread evenly, at most one bulk row per lane");
+  static_assert(!kCpAsyncCopyWarps || (kCopyThreads % kRowThreads == 0 && kN % (kCopyThreads / kRowThreads) == 0),
+                "cp.async copy warps: whole rows per pass");
   static constexpr int kLaunchThreads = kThreads + 32 * kCopyWarps;
   // fp8_ds_mla, 64-head tiles, two staging buffers: PV reads V straight from the staging rows of
   // tile t (e4m3 converted in registers, as the 16-head kernel does, each byte once per CTA since
@@ -154,8 +162,8 @@ struct PortableConfig {
   static constexpr int kOffRowExp = kOffKScale + kKScaleBytes;
   static constexpr int kOffRowState = kOffRowExp + kRowExpBytes;
   static constexpr int kOffRedS = kOffRowState + kRowStateBytes;
-  static constexpr int kOffBars = kOffRedS + kRedSBytes;             // kBulkRows: an mbarrier per staging buffer
-  static constexpr int kSmemBytes = kOffBars + (kBulkRows ? kStages * 8 : 0);
+  static constexpr int kOffBars = kOffRedS + kRedSBytes;             // kBulkRows, copy warps: an mbarrier per staging buffer
+  static constexpr int kSmemBytes = kOffBars + (kBulkRows || kCopyWarps > 0 ? kStages * 8 : 0);
   static_assert(kOffRaw % 16 == 0 && kOffP % 16 == 0 && kOffRed % 16 == 0 && kOffKScale % 16 == 0 && kOffRedS % 16 == 0);
 };
 
@@ -417,15 +425,21 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
   // 16 c + l (8 w + l), one slot each; the other lanes none.
   const bool copy_warp = Cfg::kCopyWarps > 0 && warp >= Cfg::kWarps;
   constexpr int kBulkRowsPerWarp = kN / (Cfg::kCopyWarps > 0 ? Cfg::kCopyWarps : Cfg::kWarps);
-  constexpr int kRowT = Cfg::kRowThreads, kRowsPerPass = Cfg::kBulkRows ? kN : Cfg::kThreads / kRowT, kPasses = kN / kRowsPerPass;
+  constexpr int kRowT = Cfg::kRowThreads;
+  constexpr int kRowsPerPass = Cfg::kBulkRows ? kN : (Cfg::kCpAsyncCopyWarps ? Cfg::kCopyThreads : Cfg::kThreads) / kRowT;
+  constexpr int kPasses = kN / kRowsPerPass;
   const bool bulk_lane = Cfg::kBulkRows && lane < kBulkRowsPerWarp && (Cfg::kCopyWarps == 0 || copy_warp);
-  const int load_row = Cfg::kBulkRows ? kBulkRowsPerWarp * (copy_warp ? warp - Cfg::kWarps : warp) + lane : tid / kRowT;
+  const int load_tid = Cfg::kCpAsyncCopyWarps ? tid - Cfg::kThreads : tid;  // (cp.async copy warps: their own index)
+  const int load_row = Cfg::kBulkRows ? kBulkRowsPerWarp * (copy_warp ? warp - Cfg::kWarps : warp) + lane : load_tid / kRowT;
   auto fetch_slot = [&](int tile, int pass) { return fetch_slot_ahead(work.idx_row, tile * kN + load_row + kRowsPerPass * pass, num_keys); };
   int32_t next_slot[kPasses];
 #pragma unroll
-  for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = !Cfg::kBulkRows || bulk_lane ? fetch_slot(tile_begin, pass) : -1;
+  for (int pass = 0; pass < kPasses; ++pass) {
+    next_slot[pass] = Cfg::kBulkRows ? (bulk_lane ? fetch_slot(tile_begin, pass) : -1)
+                                     : (!Cfg::kCpAsyncCopyWarps || copy_warp ? fetch_slot(tile_begin, pass) : -1);
+  }
   const uint32_t block_size32 = block_size_u32(p);
-  const uint32_t bars = sm80::smem_addr(smem + Cfg::kOffBars);  // kBulkRows: staging buffer j's at bars + 8 j
+  const uint32_t bars = sm80::smem_addr(smem + Cfg::kOffBars);  // kBulkRows, copy warps: staging buffer j's at bars + 8 j
   auto load_tile = [&](int tile, uint8_t* dst, int valid_slot) {
     if constexpr (Cfg::kBulkRows) {
 #if MLA_SM90A
@@ -446,13 +460,14 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
 #endif
       return;
     }
-    const int part = tid % kRowT;
+    if (Cfg::kCpAsyncCopyWarps && !copy_warp) return;
+    const int part = load_tid % kRowT;
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
       const int r = load_row + kRowsPerPass * pass;
       const int32_t slot = next_slot[pass];
       const bool ok = slot >= 0 && slot < p.num_slots;
-      if (part == 0) s_valid[valid_slot * kN + r] = ok;
+      if (!Cfg::kCpAsyncCopyWarps && part == 0) s_valid[valid_slot * kN + r] = ok;  // (copy warps: the compute warps write them)
       const uint8_t* row = slot_row(p, cache, slot, ok, block_size32);
       if constexpr (!Cfg::kDsMla) {
 #pragma unroll
@@ -468,6 +483,8 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     }
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = fetch_slot(tile + 1, pass);
+    // cp.async copy warps: this thread's arrival on the buffer's mbarrier once its copies have landed
+    if constexpr (Cfg::kCpAsyncCopyWarps) sm80::cp_async_mbarrier_arrive(bars + 8 * valid_slot);
   };
 
   // fp8_ds_mla staging -> K tile (dequant_ds_mla_rows); the 4 tile scales per key go to s_kscale
@@ -1058,15 +1075,22 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     constexpr int kS = Cfg::kStages;
     static_assert(kS >= 3, "the pipelined loop keeps tiles t and t + 1 resident");
     // Tile t has landed: its cp.async group (this thread's copies; the barrier after the wait
-    // makes them everyone's), or kBulkRows: phase t / kS of its buffer's mbarrier.
+    // makes them everyone's), or with kBulkRows or copy warps: phase t / kS of its buffer's mbarrier.
     auto wait_tile = [&](int t) {
       if constexpr (Cfg::kBulkRows) {
 #if MLA_SM90A
         sm90::mbar_wait(bars + 8 * (t % kS), (t / kS) & 1);
 #endif
+      } else if constexpr (Cfg::kCpAsyncCopyWarps) {
+        sm80::mbarrier_wait_parity(bars + 8 * (t % kS), (t / kS) & 1);
       }
     };
-    if constexpr (Cfg::kBulkRows) {
+    if constexpr (Cfg::kCpAsyncCopyWarps) {
+      if (tid == 0) {
+        for (int j = 0; j < kS; ++j) sm80::mbarrier_init(bars + 8 * j, Cfg::kCopyThreads);
+      }
+      __syncthreads();  // (the only CTA-wide barrier the copy warps join)
+    } else if constexpr (Cfg::kBulkRows) {
 #if MLA_SM90A
       if (tid == 0) {
         for (int j = 0; j < kS; ++j) sm90::mbar_init(bars + 8 * j, kN);

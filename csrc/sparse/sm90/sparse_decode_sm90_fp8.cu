@@ -273,16 +273,12 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
       const float4 v = red[((1 - wg) * 8 + j) * 128 + tid_wg];
       sc[4 * j] += v.x, sc[4 * j + 1] += v.y, sc[4 * j + 2] += v.z, sc[4 * j + 3] += v.w;
     }
-    // Softmax (exp2 domain): mask with selects (a masked score must never turn into NaN). With a
-    // positive row scale rs (softmax_scale > 0) the scores stay unscaled: max(s rs) = rs max(s)
-    // exactly (rounding is monotonic) and the exponent is one fma(s, rs, -m); otherwise (rs <= 0,
-    // not a useful softmax scale but allowed) the scores are scaled first and rs counts as 1.
-    float rs[2] = {row_scale[0], row_scale[1]};
-    if (!(rs[0] > 0.f && rs[1] > 0.f)) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) sc[i] *= rs[i % 4 / 2];
-      rs[0] = rs[1] = 1.f;
-    }
+    // Softmax (exp2 domain): scores scaled first, masked with selects (a masked score must never
+    // turn into NaN). The row max is the max of the scaled scores, so 2^(s - m) <= 1 holds exactly
+    // and the max key's P is 1 at any magnitude. (Unscaled scores with one fma(s, rs, -m) per key
+    // saved 32 FMULs, but the exact product s rs sits up to an ulp of m away from m, 16 at |m| ~ 2^27:
+    // the max key's P came out anywhere in 2^-16 .. 2^8, which overflowed P' in fp16 or left it
+    // subnormal, and the output then differed from the spec's: cosine difference 0.2.)
     const int* valid = s_valid + vs * kN;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -291,7 +287,7 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const bool k_ok = (e & 1) ? ok.y : ok.x;
-        sc[4 * i + e] = k_ok ? sc[4 * i + e] : -INFINITY;
+        sc[4 * i + e] = k_ok ? sc[4 * i + e] * row_scale[e / 2] : -INFINITY;
         mx[e / 2] = fmaxf(mx[e / 2], sc[4 * i + e]);
       }
     }
@@ -299,7 +295,7 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 1));
-      mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 2)) * rs[hh];  // -inf stays -inf
+      mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 2));
       const float m_new = fmaxf(m_run[hh], mx[hh]);
       m_use[hh] = m_new == -INFINITY ? 0.f : m_new;  // all masked so far: exp2(-inf - 0) = 0
       corr[hh] = sm80::fast_exp2(m_run[hh] - m_use[hh]);
@@ -308,7 +304,7 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
     }
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
-      sc[i] = sm80::fast_exp2(fmaf(sc[i], rs[i % 4 / 2], -m_use[i % 4 / 2]));
+      sc[i] = sm80::fast_exp2(sc[i] - m_use[i % 4 / 2]);
       l_run[i % 4 / 2] += sc[i];
     }
     // Per value tile: R update (warp vote), O rescale (skipped when nothing changed), P' in fp16,

@@ -5,5 +5,6 @@
 namespace mla::sparse {
 template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2, false, 4>(const SparseDecodeParams&);
 template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2, false, 8>(const SparseDecodeParams&);
+template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2, false, 16>(const SparseDecodeParams&);
 template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
 }  // namespace mla::sparse
