@@ -47,7 +47,8 @@ def main() -> int:
         notes = ("Every case on the portable kernels (MLA_EXT_FORCE_PORTABLE=1: mma.sync m16n8k16, cp.async row "
                  "gather), as sm100 runs them"
                  + (f", with {switches}" if switches else
-                    "; fp8_ds_mla 64-head tiles read V from the staging rows (PortableConfig::kPvRaw)")
+                    "; fp8_ds_mla 64-head tiles read V from the staging rows (PortableConfig::kPvRaw), 16-head tiles "
+                    "gather with 4 cp.async copy warps; fp8_ds_mla rows by 16 threads each, bf16 rows by 8")
                  + ". Bars (issue 5, portable path): >= 200 TFLOPS on fp8_ds_mla b128 s_q2 h_q128; "
                  "h_q16 / h_q64 time <= 0.5 on the same indices.")
         paths = write_results("sparse_portable", rows, roofline, args.json, notes=notes)
