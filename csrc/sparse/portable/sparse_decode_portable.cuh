@@ -414,7 +414,8 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
   // One tile of gathered rows: kRowThreads threads per row, each issues its row's chunks part,
   // part + kRowThreads, ... so one thread computes kRowThreads / 4 row addresses and keeps ~10-18
   // 16-byte copies in flight. 8 threads per row measured faster than 4 (fewer cache lines per
-  // copy instruction) in every kernel, 16 no better than 8 (csrc/sparse/README.md).
+  // copy instruction) in every kernel; 16 faster again for fp8_ds_mla rows since session 12 (4-8%,
+  // the kPvRaw and 16-head kernels), the same for bf16 rows (csrc/sparse/README.md).
   // Invalid keys (negative, past the cache, past topk_length) are zero-filled and never read.
   // Tiles are loaded in order; each thread's slot for the next tile is fetched one load ahead,
   // so the index read never stalls the issue of the row copies. The fetch is issued after the
