@@ -105,12 +105,18 @@ int m16_copy_warps() {
   return want == "4" ? 4 : 0;
 }
 
+// MLA_EXT_SPARSE_ROW_THREADS (for comparisons and tests): the threads per gathered row it names, 0 when
+// unset (each kernel's default).
+int row_threads_env() {
+  const char* env = std::getenv("MLA_EXT_SPARSE_ROW_THREADS");
+  return env != nullptr ? std::atoi(env) : 0;
+}
+
 // Threads per gathered row (PortableConfig::kRowThreads): kDefault, or one of kOthers when
-// MLA_EXT_SPARSE_ROW_THREADS names it (for comparisons and tests).
+// MLA_EXT_SPARSE_ROW_THREADS names it.
 template <int kM, CacheFormat kFormat, int kStages, bool kFrags, int kDefault, int... kOthers>
 void launch_rows(const SparseDecodeParams& p) {
-  const char* env = std::getenv("MLA_EXT_SPARSE_ROW_THREADS");
-  const int want = env != nullptr ? std::atoi(env) : 0;
+  const int want = row_threads_env();
   bool done = false;
   ((!done && want == kOthers ? (launch_sparse_decode_portable<kM, kFormat, kStages, kFrags, kOthers>(p), done = true) : false), ...);
   if (!done) launch_sparse_decode_portable<kM, kFormat, kStages, kFrags, kDefault>(p);
@@ -123,8 +129,7 @@ void launch_portable(const SparseDecodeParams& p, int max_smem) {
       // 4 copy warps gathering with cp.async, 16 threads per row; without them (MLA_EXT_SPARSE_COPY_WARPS=0,
       // or MLA_EXT_SPARSE_ROW_THREADS set) the compute warps gather, with 16 threads per row or the named ones.
       using CopyWarps = PortableConfig<16, CacheFormat::kFp8DsMla, 4, true, 16, false, 4>;
-      const char* rows_env = std::getenv("MLA_EXT_SPARSE_ROW_THREADS");
-      if (m16_copy_warps() == 4 && (rows_env == nullptr || rows_env[0] == '\0') && CopyWarps::kSmemBytes <= max_smem) {
+      if (m16_copy_warps() == 4 && row_threads_env() == 0 && CopyWarps::kSmemBytes <= max_smem) {
         launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 16, false, 4>(p);
       } else {
         launch_rows<16, CacheFormat::kFp8DsMla, 4, true, 16, 4, 8>(p);
@@ -153,8 +158,7 @@ void launch_portable(const SparseDecodeParams& p, int max_smem) {
   if constexpr (kM == 64 && kFormat == CacheFormat::kFp8DsMla) {
     // MLA_EXT_SPARSE_ROW_THREADS: 4 the dequantising kernel below, 8 the kPvRaw kernel with 8 threads
     // per row; else the kPvRaw kernel with 16 (PvRawConfig).
-    const char* rows_env = std::getenv("MLA_EXT_SPARSE_ROW_THREADS");
-    const int rows = rows_env != nullptr ? std::atoi(rows_env) : 0;
+    const int rows = row_threads_env();
     if (rows != 4 && pv_raw_allowed(max_smem)) {
       if (rows == 8) launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 2, false, 8, false, 0, true>(p);
       else launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 2, false, 16, false, 0, true>(p);
