@@ -208,8 +208,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_kernel(const __grid
   auto* c_head = static_cast<__nv_bfloat16*>(p.c) + h * p.stride_c_head;
   float acc[N / 2];
   for (int i = 0; i < my_tiles; ++i) {
-#pragma unroll
-    for (int e = 0; e < N / 2; ++e) fence_operand(acc[e]);
+    fence_accumulators(acc);
     // The 8 pieces of a tile unrolled: straight-line code lets the compiler see that the
     // accumulators are read only after the final wait (else it inserts waits of its own).
 #pragma unroll
@@ -229,8 +228,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_kernel(const __grid
       if (kc > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((step - 1) % kStages));
     }
     wgmma_wait<0>();
-#pragma unroll
-    for (int e = 0; e < N / 2; ++e) fence_operand(acc[e]);
+    fence_accumulators(acc);
     if (lane == 0) mbar_arrive(empty_bar + 8 * ((i * kChunks + kChunks - 1) % kStages));
 
     const int64_t tile = m_split + static_cast<int64_t>(i) * m_splits;
@@ -387,8 +385,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_stream_kernel(const
   auto* c_head = static_cast<__nv_bfloat16*>(p.c) + int64_t(h) * p.stride_c_head + nb * BN;
   float acc[BN / 2];
   for (int i = 0; i < my_tiles; ++i) {
-#pragma unroll
-    for (int e = 0; e < BN / 2; ++e) fence_operand(acc[e]);
+    fence_accumulators(acc);
     // the 8 pieces unrolled, as in v_up_tma_kernel
 #pragma unroll
     for (int kc = 0; kc < kChunks; ++kc) {
@@ -406,8 +403,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_tma_stream_kernel(const
       if (kc > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((step - 1) % kStages));
     }
     wgmma_wait<0>();
-#pragma unroll
-    for (int e = 0; e < BN / 2; ++e) fence_operand(acc[e]);
+    fence_accumulators(acc);
     if (lane == 0) mbar_arrive(empty_bar + 8 * ((i * kChunks + kChunks - 1) % kStages));
     const int64_t tile = m_split + static_cast<int64_t>(i) * m_splits;
     store_acc_m64n128<BN>(acc, c_head, tile * BM + wg * 64, p.num_tokens, p.stride_c_token, tid_wg);

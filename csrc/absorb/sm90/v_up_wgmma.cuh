@@ -118,16 +118,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_wgmma_kernel(const __gr
     const int kc = step % kChunks;
     const uint32_t stage = smem_a + (step % kStages) * Cfg::kABytes + wg * (64 * 128);
     const uint32_t w_tile = smem_w + kc * Cfg::kWChunkBytes;
-#pragma unroll
-    for (int e = 0; e < 64; ++e) fence_operand(acc[e]);
+    fence_accumulators(acc);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk)
       wgmma_m64n128k16_bf16(acc, kmajor_sw128_desc(stage + kk * 32), kmajor_sw128_desc(w_tile + kk * 32), kc > 0 || kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
-#pragma unroll
-    for (int e = 0; e < 64; ++e) fence_operand(acc[e]);
+    fence_accumulators(acc);
 
     if (kc == kChunks - 1) {
       // ---- 3. epilogue: each warpgroup stages and stores its own 64 rows

@@ -66,6 +66,17 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 }
 // Keeps the compiler from moving accumulator reads/writes across wgmma issue and wait.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+// fence_operand on every element of a thread's accumulators (S, or O as [2][64]).
+template <int N>
+__device__ __forceinline__ void fence_accumulators(float (&acc)[N]) {
+#pragma unroll
+  for (int e = 0; e < N; ++e) fence_operand(acc[e]);
+}
+template <int M, int N>
+__device__ __forceinline__ void fence_accumulators(float (&acc)[M][N]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i) fence_accumulators(acc[i]);
+}
 
 // The accumulator operands of the m64nN wgmma wrappers below ("+f" constraints of d[o] .. d[o + 15]).
 #define MLA_WGMMA_D16(d, o)                                                                                          \

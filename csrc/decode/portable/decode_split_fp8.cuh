@@ -660,14 +660,8 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         sm90::wgmma_commit();
         after_qk_issue();
         sm90::wgmma_wait<0>();
-#pragma unroll
-        for (int bb = 0; bb < 2; ++bb)
-#pragma unroll
-          for (int e = 0; e < 16; ++e) sm90::fence_operand(acc[bb][e]);
-        if constexpr (C::kDsMla) {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) sm90::fence_operand(acc_pe[e]);
-        }
+        sm90::fence_accumulators(acc);
+        if constexpr (C::kDsMla) sm90::fence_accumulators(acc_pe);
         // Thread: keys 16 w4 + grp + 8 r, rows 8 i + 2 qd + c: d[4 i + 2 r + c] (+ 8 for lo terms).
 #pragma unroll
         for (int r = 0; r < 2; ++r) {

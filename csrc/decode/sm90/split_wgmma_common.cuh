@@ -23,17 +23,7 @@ __device__ __forceinline__ uint32_t sw128(int r, int c) {
   return static_cast<uint32_t>((c / 8) * kSwizzleBlockBytes + r * 128 + (((c % 8) ^ (r % 8)) << 4));
 }
 
-// Keeps the compiler from moving reads / writes of wgmma accumulators across wgmma issue and wait
-// (sm90::fence_operand on every element: S or O of one thread).
-template <int N>
-__device__ __forceinline__ void fence_accumulators(float (&acc)[N]) {
-#pragma unroll
-  for (int e = 0; e < N; ++e) sm90::fence_operand(acc[e]);
-}
-__device__ __forceinline__ void fence_accumulators(float (&o)[2][64]) {
-  fence_accumulators(o[0]);
-  fence_accumulators(o[1]);
-}
+using sm90::fence_accumulators;
 
 // O's rows times f (f[h]: row row_lo + 8 h), skipped when every f of the warp is exactly 1 (the running
 // maxima did not move).

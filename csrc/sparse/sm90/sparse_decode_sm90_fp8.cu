@@ -234,10 +234,6 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
     };
     // Scales of tile t for the keys of n8 tile i of this thread (keys 8 i + 2 qd, + 1).
     auto key_scales = [&](int t, int i) { return *reinterpret_cast<const float2*>(s_scale + t * kN + 8 * i + 2 * qd); };
-    auto fence_regs = [](float (&d)[32]) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) sm90::fence_operand(d[i]);
-    };
     sm90::wgmma_fence();
     // rope first, straight into sc; then each scale tile into acc, drained and folded in.
     issue_rope();
@@ -249,8 +245,8 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
       sm90::wgmma_commit();
       if (tt == 0) issue_next();
       sm90::wgmma_wait<0>();
-      fence_regs(sc);
-      fence_regs(acc);
+      sm90::fence_accumulators(sc);
+      sm90::fence_accumulators(acc);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const float2 ks = key_scales(t, i);
@@ -336,8 +332,7 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
           pa[ks][2 * half + 1] = sm80::pack2<__half>(sc[4 * i + 2] * f0, sc[4 * i + 3] * f1);
         }
       }
-#pragma unroll
-      for (int i = 0; i < 64; ++i) sm90::fence_operand(o[v][i]);
+      sm90::fence_accumulators(o[v]);
       sm90::wgmma_fence();
       const sm90::SmemDesc vv = v_desc.plus(2 * vt * Cfg::kBlockBytes);
 #pragma unroll
@@ -348,10 +343,7 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
       sm90::wgmma_commit();
     }
     sm90::wgmma_wait<0>();  // K and s_scale are rewritten after the next barrier
-#pragma unroll
-    for (int v = 0; v < 2; ++v)
-#pragma unroll
-      for (int i = 0; i < 64; ++i) sm90::fence_operand(o[v][i]);
+    sm90::fence_accumulators(o);
   };
 
   // ---- main loop ----------------------------------------------------------------------------
