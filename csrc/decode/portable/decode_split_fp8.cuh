@@ -152,10 +152,10 @@ struct Fp8SplitConfig {
   static constexpr int kRedBytes = kTeamWarps * kRows * 4;
   static constexpr int kExceedBytes = 128;                   // one flag byte per warp (padded);
                                                              // TMA tiles: the stages' mbarriers at 64
-  // fp8_ds_mla, wgmma path: the tile's PV scales scale[k, t] / R_t as fp16 [4 tiles][64 keys] in
-  // P's column order, written once per tile in the softmax step (the mma.sync path recomputes
-  // them per PV k-step: its fp16-q configuration has no shared memory left for them).
-  static constexpr bool kPvScaleTile = kDsMla && kQkWgmma;
+  // fp8_ds_mla: the tile's PV scales scale[k, t] / R_t as fp16 [4 tiles][64 keys] in P's column
+  // order, written once per tile in the softmax step. Not with fp16 q on the mma.sync path (its
+  // q_pe lo-term fragments leave no shared memory for them): that one recomputes them per PV k-step.
+  static constexpr bool kPvScaleTile = kDsMla && (kQkWgmma || !kPeLoTerm);
   static constexpr int kPvScaleBytes = kPvScaleTile ? 4 * kBlockN * 2 : 0;
   static constexpr int kTeamBytesRaw = kStages * kStageBytes + kPBytes + kRedBytes + kExceedBytes + kPvScaleBytes;
   static constexpr int kTeamBytes = kQkWgmma ? align1024(kTeamBytesRaw) : kTeamBytesRaw;
@@ -865,7 +865,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
             pa[rr] = e4m3::hmul2_bits(pa[rr], v01);
             pa[2 + rr] = e4m3::hmul2_bits(pa[2 + rr], v23);
           }
-        } else if constexpr (C::kDsMla) {
+        } else if constexpr (C::kDsMla) {  // (fp16 q, mma.sync: no room for the scale tile)
           const float* sk = scales + 4 * 16 * ks + vt;
           auto s_of = [&](int e) { return sk[4 * pv_key<kQkWgmma>(qd, e)] * v_inv; };
           const __half2 v01 = __floats2half2_rn(s_of(0), s_of(1));
