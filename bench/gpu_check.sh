@@ -86,6 +86,10 @@ echo "== sparse benchmark, portable kernels only (MLA_EXT_FORCE_PORTABLE=1: what
 MLA_EXT_FORCE_PORTABLE=1 timeout 120 $py bench/bench_sparse.py --quick --json "$out" > "$out/bench_sparse_portable.txt" 2>&1 \
   || { status=1; echo "bench_sparse (portable) FAILED"; }
 tail -8 "$out/bench_sparse_portable.txt"
+echo "== decode benchmark, portable kernels only (MLA_EXT_FORCE_PORTABLE=1: what sm100 runs; issue 3's bars are written for it)"
+MLA_EXT_FORCE_PORTABLE=1 MLA_EXT_FLASHMLA_SO=/nonexistent timeout 200 $py bench/bench_decode.py --json "$out" > "$out/bench_decode_portable.txt" 2>&1 \
+  || { status=1; echo "bench_decode (portable) FAILED"; }
+tail -16 "$out/bench_decode_portable.txt"
 fi
 printf '%s\n' "${summary[@]}"
 exit $status
