@@ -25,10 +25,17 @@ __device__ __forceinline__ uint32_t cvt_e4m3x2(uint32_t w) {
   return r;
 }
 
-enum Mode { kMma = 0, kCvt = 1, kCvtMma = 2 };
+// The same e4m3 -> fp16 conversion with integer instructions: the e4m3 bytes 1 and 3 (lo) or 0 and 2
+// (hi) of w become fp16 values 2^-8 times theirs, exactly for every finite e4m3 value (sign kept,
+// exponent and mantissa shifted into fp16's fields; the 2^-8 goes into a scale elsewhere).
+__device__ __forceinline__ uint32_t alu_e4m3x2_lo(uint32_t w) { return (w & 0x80008000u) | ((w >> 1) & 0x3F803F80u); }
+__device__ __forceinline__ uint32_t alu_e4m3x2_hi(uint32_t w) { return ((w << 8) & 0x80008000u) | ((w << 7) & 0x3F803F80u); }
+
+enum Mode { kMma = 0, kCvt = 1, kCvtMma = 2, kAlu = 3, kAluMma = 4, kMixMma = 5 };
 
 // Per chain and iteration: kMma one MMA; kCvt two conversions (+ one xor); kCvtMma two
-// conversions feeding one MMA.
+// conversions feeding one MMA; kAlu two integer conversions of the same word (+ xor, add), kAluMma
+// two integer conversions feeding one MMA; kMixMma one of each feeding one MMA.
 template <int kMode>
 __global__ void rate_kernel(float* out, int iters, uint32_t seed) {
   const uint32_t a[4] = {seed, seed * 3, seed * 5, seed * 7};
@@ -44,6 +51,15 @@ __global__ void rate_kernel(float* out, int iters, uint32_t seed) {
       if (kMode == kCvtMma) {
         x[j] = cvt_e4m3x2(x[j] ^ i);
         mma_f16(c[j], a, x[j], cvt_e4m3x2(x[j] + 1));
+      }
+      if (kMode == kAlu) x[j] = (alu_e4m3x2_lo(x[j]) ^ alu_e4m3x2_hi(x[j])) + i;  // (+ i: not folded away)
+      if (kMode == kAluMma) {
+        x[j] = alu_e4m3x2_lo(x[j] ^ i);
+        mma_f16(c[j], a, x[j], alu_e4m3x2_hi(x[j] + 1));
+      }
+      if (kMode == kMixMma) {
+        x[j] = cvt_e4m3x2(x[j] ^ i);
+        mma_f16(c[j], a, x[j], alu_e4m3x2_hi(x[j] + 1));
       }
     }
   }
@@ -88,6 +104,9 @@ int main() {
     run<kMma>("1 mma m16n8k16 f16", warps, sms, ghz);
     run<kCvt>("2 cvt e4m3x2 + 1 xor", warps, sms, ghz);
     run<kCvtMma>("2 cvt + 1 mma", warps, sms, ghz);
+    run<kAlu>("2 int conv + 1 xor + 1 add", warps, sms, ghz);
+    run<kAluMma>("2 int conversions + 1 mma", warps, sms, ghz);
+    run<kMixMma>("1 cvt + 1 int conv + 1 mma", warps, sms, ghz);
   }
   return cudaDeviceSynchronize() == cudaSuccess ? 0 : 1;
 }
