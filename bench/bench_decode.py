@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from mla_ext.bench import decode, flashmla_peer  # noqa: E402
-from mla_ext.bench.harness import Timer, format_table, measure_roofline, write_results  # noqa: E402
+from mla_ext.bench.harness import Timer, forced_portable, format_table, measure_roofline, write_results  # noqa: E402
 
 
 def main() -> int:
@@ -47,8 +47,7 @@ def main() -> int:
     print(summary)
     # MLA_EXT_FORCE_PORTABLE=1: every case on the portable kernels (what sm100 runs; issue 3's bars are
     # written for them), into decode_mla_portable.{json,md} next to the default run's decode_mla.{json,md}.
-    forced_portable = os.environ.get("MLA_EXT_FORCE_PORTABLE", "") not in ("", "0")
-    if args.json and forced_portable:
+    if args.json and forced_portable():
         notes = ("Every case on the portable kernels (MLA_EXT_FORCE_PORTABLE=1: mma.sync m16n8k16, cp.async tile "
                  "copies), as sm100 runs them. Bars (issue 3, portable path): >= 70% of copy bandwidth on the "
                  "memory-bound cases, >= 50% on the single 64K request, fp8_ds_mla >= 1.4x faster than bf16 on "

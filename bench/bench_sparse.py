@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from mla_ext.bench import flashmla_peer, sparse  # noqa: E402
-from mla_ext.bench.harness import Timer, format_table, measure_roofline, write_results  # noqa: E402
+from mla_ext.bench.harness import Timer, forced_portable, format_table, measure_roofline, write_results  # noqa: E402
 
 
 def main() -> int:
@@ -41,8 +41,7 @@ def main() -> int:
             print(f"{r.case}: mla_ext {r.extra['flashmla_us_over_mla_ext']}x as fast as FlashMLA")
     # MLA_EXT_FORCE_PORTABLE=1: every case on the portable kernels (what sm100 runs; the issue-5 bars are
     # written for them), into sparse_portable.{json,md} next to the default run's sparse.{json,md}.
-    forced_portable = os.environ.get("MLA_EXT_FORCE_PORTABLE", "") not in ("", "0")
-    if args.json and forced_portable:
+    if args.json and forced_portable():
         switches = {k: v for k, v in os.environ.items() if k.startswith("MLA_EXT_SPARSE_")}
         notes = ("Every case on the portable kernels (MLA_EXT_FORCE_PORTABLE=1: mma.sync m16n8k16, cp.async row "
                  "gather), as sm100 runs them"

@@ -7,7 +7,6 @@ Options: ``--quick`` (fewer benchmark cases), ``--no-bench``, ``--json DIR`` (wr
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import traceback
 
@@ -17,6 +16,7 @@ import mla_ext
 from mla_ext.bench import absorb, cache_write
 from mla_ext.bench import decode as decode_bench
 from mla_ext.bench import sparse as sparse_bench
+from mla_ext.bench.harness import forced_portable
 
 # (op name, module with self_check(device) and bench(timer, roofline, quick)); each op joins here.
 OPS = [
@@ -36,7 +36,7 @@ def _environment() -> bool:
     props = torch.cuda.get_device_properties(0)
     arch = f"sm{props.major}{props.minor}"
     print(f"GPU: {props.name}, {arch}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB")
-    forced = os.environ.get("MLA_EXT_FORCE_PORTABLE", "0") not in ("", "0")
+    forced = forced_portable()
     sm90 = (props.major, props.minor) == (9, 0) and not forced
     print("kernel paths: portable (mma.sync, cp.async) for every op"
           + (" (MLA_EXT_FORCE_PORTABLE set)" if forced else "")

@@ -128,6 +128,12 @@ def measure_roofline(timer: Timer) -> Roofline:
     return Roofline(copy_GBps=2 * n / (copy_us * 1e-6) / 1e9, bf16_mm_TFLOPS=2 * m**3 / (mm_us * 1e-6) / 1e12)
 
 
+def forced_portable() -> bool:
+    """Whether MLA_EXT_FORCE_PORTABLE is set (anything but empty or "0"), as the library reads it
+    (csrc/common/arch.cpp): every op then runs its portable kernels."""
+    return os.environ.get("MLA_EXT_FORCE_PORTABLE", "") not in ("", "0")
+
+
 def git_commit() -> str:
     try:
         here = os.path.dirname(os.path.abspath(__file__))
