@@ -287,6 +287,18 @@ def test_wgmma_env_selects_kernel(fmt, monkeypatch):
     assert _decode_kernels_run(call) == portable
 
 
+@pytest.mark.parametrize("block_size,row_pad,raw", [(64, 0, True), (16, 0, True), (64, 16, False), (61, 0, False)])
+def test_fp8_ds_mla_raw_rows_selected(block_size, row_pad, raw):
+    """The mma.sync fp8_ds_mla kernel copies raw rows (its last template argument) when rows are packed
+    at 656 bytes and block_size is a multiple of 16, else rows with 8 threads each."""
+    if os.environ.get("MLA_EXT_DECODE_ROW_THREADS"):
+        pytest.skip("MLA_EXT_DECODE_ROW_THREADS asks for row copies")
+    inp = make_inputs([300, 70], 1, 16, block_size, "fp8_ds_mla", row_pad=row_pad, device="cuda")
+    names = _decode_kernels_run(lambda: check(inp, causal=True, force_portable=True))
+    fp8 = [n for n in names if "decode_split_fp8_kernel" in n]
+    assert len(fp8) == 1 and fp8[0].split(">(")[0].endswith("true" if raw else "false"), names
+
+
 def test_cuda_graph_replay():
     """Capture plan + two layers' decode once; replay with new seq_lens values and cache contents."""
     b, s_q, h_q, fmt = 6, 2, 16, "fp8_ds_mla"
@@ -374,14 +386,16 @@ from conftest import assert_close
 from mla_ext.bench.decode import make_inputs, run_op, run_reference
 torch.manual_seed(7)
 for fmt in ("fp8", "fp8_ds_mla"):
-    for block_size, page_pad in ((16, 0), (61, 3), (64, 0)):
+    # (fp8_ds_mla raw-row copies need rows packed at 656 bytes and 16-row pieces of pages: bs 16, 64, 48;
+    # bs 61 and padded rows take the row copies whatever the environment says)
+    for block_size, page_pad, row_pad in ((16, 0, 0), (61, 3, 0), (64, 0, 0), (48, 0, 0), (32, 0, 16)):
         for h_q in (5, 16):
-            inp = make_inputs([0, 1, 63, 64, 65, 300, 1000], 1, h_q, block_size, fmt, page_pad=page_pad,
+            inp = make_inputs([0, 1, 63, 64, 65, 300, 1000], 1, h_q, block_size, fmt, page_pad=page_pad, row_pad=row_pad,
                               arbitrary_scales=fmt == "fp8_ds_mla")
             ref_out, ref_lse = run_reference(inp, True)
             for portable in (False, True):  # on sm90: the wgmma QK^T kernel, then the mma.sync one
                 out, lse = run_op(inp, True, force_portable=portable)
-                name = f"{fmt} bs{block_size} h{h_q} portable={portable}"
+                name = f"{fmt} bs{block_size} pad{page_pad},{row_pad} h{h_q} portable={portable}"
                 assert_close(out, ref_out, cos_tol=2e-5, atol=2e-2, rtol=2e-2, name="out " + name)
                 assert_close(lse, ref_lse, cos_tol=1e-7, atol=2e-3, rtol=1e-4, name="lse " + name)
 print("ok")
@@ -398,11 +412,12 @@ def test_fp8_16_rows_portable_kernel(fmt, h_q, dtype):
     check(inp, causal=True, force_portable=True)
 
 
-@pytest.mark.parametrize("row_threads,tma_tiles", [("4", "1"), ("8", "1"), ("4", "0"), ("8", "0")])
+@pytest.mark.parametrize("row_threads,tma_tiles", [("4", "1"), ("8", "1"), ("4", "0"), ("8", "0"), ("0", "0")])
 def test_fp8_16_row_loaders(row_threads, tma_tiles):
-    """Every tile loader of the fp8 16-row kernel: cp.async with 4 or 8 threads per cache row (each
-    format uses one by default, MLA_EXT_DECODE_ROW_THREADS forces the other) and, on sm90 where a
-    tile is one page, TMA (MLA_EXT_DECODE_TMA_TILES=0 turns it off); env read once per process."""
+    """Every tile loader of the fp8 16-row kernel: cp.async with 4 or 8 threads per cache row (fp8 uses
+    4 by default, MLA_EXT_DECODE_ROW_THREADS forces either), raw fp8_ds_mla rows on the mma.sync path
+    (its default where the layout allows; row threads "0" = unset) and, on sm90 where a tile is one
+    page, TMA (MLA_EXT_DECODE_TMA_TILES=0 turns it off); env read once per process."""
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, MLA_EXT_DECODE_ROW_THREADS=row_threads, MLA_EXT_DECODE_TMA_TILES=tma_tiles,
                PYTHONPATH=os.pathsep.join([os.path.dirname(here), here, os.environ.get("PYTHONPATH", "")]))

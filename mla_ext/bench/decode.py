@@ -6,7 +6,7 @@ import torch
 
 from .. import reference
 from ..decode import decode_mla, get_decode_plan
-from ..formats import canonical_format, empty_kv_cache, row_width
+from ..formats import cache_torch_dtype, canonical_format, row_width
 from . import flashmla_peer
 from .harness import Roofline, Row, Timer
 
@@ -16,13 +16,14 @@ SOFTMAX_SCALE = 192**-0.5  # DeepSeek: 1/sqrt(qk_nope + qk_rope) of the un-absor
 
 def make_inputs(seq_lens, s_q: int, h_q: int, block_size: int = 64, fmt: str = "auto", dtype=torch.bfloat16,
                 device="cuda", *, arbitrary_scales: bool = False, shuffle: bool = True, extra_blocks: int = 2,
-                page_pad: int = 0) -> dict:
+                page_pad: int = 0, row_pad: int = 0) -> dict:
     """A random paged cache holding ``seq_lens[i]`` tokens per request, pages in random order,
     every unused slot NaN (bytes 0xff for the fp8 formats: NaN data and NaN scales), unused
     block-table entries pointing far outside the cache, and random queries.
 
     ``arbitrary_scales``: fp8_ds_mla tile scales replaced by random non-power-of-two values.
     ``page_pad``: extra (NaN) rows per page, so the page stride exceeds block_size * row.
+    ``row_pad``: extra (NaN) elements per row, so the row stride exceeds the row.
     """
     fmt_c = canonical_format(fmt)
     lens = [int(n) for n in seq_lens]
@@ -39,12 +40,13 @@ def make_inputs(seq_lens, s_q: int, h_q: int, block_size: int = 64, fmt: str = "
         block_table[i, : pages[i]] = order[starts[i] : starts[i + 1]].to(torch.int32)
     block_table = block_table.to(device)
 
-    full = empty_kv_cache(num_blocks, block_size + page_pad, fmt_c, dtype, device)
+    full = torch.empty(num_blocks, block_size + page_pad, row_width(fmt_c) + row_pad, dtype=cache_torch_dtype(fmt_c, dtype),
+                       device=device)
     if fmt_c == "auto":
         full.fill_(float("nan"))
     else:
         full.view(torch.uint8).fill_(0xFF)  # e4m3 NaN bytes, NaN fp32 scales, NaN bf16 k_pe
-    cache = full[:, :block_size]
+    cache = full[:, :block_size, : row_width(fmt_c)]
 
     lens_t = torch.tensor(lens, device=device, dtype=torch.long)
     req = torch.repeat_interleave(torch.arange(b, device=device), lens_t)

@@ -80,7 +80,7 @@ inline constexpr int align1024(int bytes) { return (bytes + 1023) / 1024 * 1024;
 // tiles (block_size % 64 == 0), or as 2-8 pages of block_size rows (block sizes 8, 16, 32).
 enum TmaTiles : int { kTmaNone = 0, kTmaWholePage = 1, kTmaPages = 2 };
 
-template <typename T, CacheFormat kFormat, int kRowThreadsT, bool kQkWgmmaT, int kTmaT = kTmaNone>
+template <typename T, CacheFormat kFormat, int kRowThreadsT, bool kQkWgmmaT, int kTmaT = kTmaNone, bool kRawRowsT = false>
 struct Fp8SplitConfig {
   static_assert(kFormat == CacheFormat::kFp8 || kFormat == CacheFormat::kFp8DsMla);
   static constexpr bool kDsMla = kFormat == CacheFormat::kFp8DsMla;
@@ -99,9 +99,18 @@ struct Fp8SplitConfig {
   static constexpr int kStages = 2;                          // per team: one computing, one loading
   static constexpr int kKeyChunks = 40;                      // per key in shared memory
   static constexpr int kKeyBytes = 16 * kKeyChunks;          // 640
+  // kRawRows (fp8_ds_mla, mma.sync QK^T; block sizes that are multiples of 16, rows packed at 656
+  // bytes): a stage holds the tile's 64 cache rows byte for byte, scales and k_pe in place, so each
+  // quarter of the team copies 16 rows as one contiguous 10496-byte run (copy_raw: one page address
+  // per tile, 512 contiguous bytes per warp instruction). A 656-byte row is 16 bytes (one chunk)
+  // past a multiple of 128, so chunk c of key k lies at chunk (k + c) % 8 of a 128-byte line: the
+  // keys themselves are the swizzle. QK^T then pairs keys 4 apart in each quarter-warp (qk_key)
+  // and PV takes the natural key order.
+  static constexpr bool kRawRows = kRawRowsT;
+  static_assert(!kRawRows || (kDsMla && !kQkWgmma), "raw rows: fp8_ds_mla on the mma.sync path");
   // Cache rows in a stage: chunk c of key k at key_chunk_offset(k, c) (see there): rows of 640
-  // bytes (mma.sync path) or five [64 keys][128 B] blocks (wgmma path).
-  static constexpr int kKeyStride = kQkWgmma ? 128 : kKeyBytes;    // bytes between keys
+  // bytes (mma.sync path), of 656 (kRawRows) or five [64 keys][128 B] blocks (wgmma path).
+  static constexpr int kKeyStride = kQkWgmma ? 128 : kRawRows ? kDsMlaRowBytes : kKeyBytes;  // bytes between keys
   static constexpr int kBlockStride = kQkWgmma ? kBlockN * 128 : 128;  // between chunks c and c + 8
   // mma.sync QK^T: warp (g = w % 4, kh = w / 4) takes k-steps of dim group g for keys 32 kh ..
   // 32 kh + 31: 8 e4m3 steps (dims 128 g ..) and one k_pe step (dims 512 + 16 g ..; bf16 for
@@ -116,7 +125,7 @@ struct Fp8SplitConfig {
   // Tile loads: kRowThreads threads copy one cache row (16-byte cp.async each), so a warp's copy
   // covers 32 / kRowThreads rows; each thread takes kRowsPerThread rows, kRowStep apart.
   static constexpr int kRowThreads = kRowThreadsT;                               // 4 or 8
-  static constexpr int kRowsPerThread = kRowThreads * kBlockN / kTeamThreads;    // 1 or 2
+  static constexpr int kRowsPerThread = kRawRows ? 1 : kRowThreads * kBlockN / kTeamThreads;  // 1 or 2
   static constexpr int kRowStep = kTeamThreads / kRowThreads;                    // 64 or 32
   static constexpr int kE4m3Chunks = kDsMla ? kKvLoraRank / 16 : kLatentDim / 16;  // raw 16-byte chunks: 32 or 36
   static constexpr int kJ = (kE4m3Chunks + kRowThreads - 1) / kRowThreads;       // e4m3 chunks per thread and row
@@ -140,8 +149,15 @@ struct Fp8SplitConfig {
   static constexpr int kRedSBytes = kScoreGroups * kRows * kRedSStride * 4;
   static constexpr int kQBytes = kRows * kQStride;
   static constexpr int kQRedBytes = kQBytes > kRedSBytes ? kQBytes : kRedSBytes;
-  static constexpr int kStageKeyBytes = kBlockN * kKeyBytes;            // 40 KB
-  static constexpr int kStageScaleBytes = kDsMla ? kBlockN * 16 : 0;    // fp32 [64][4]
+  static constexpr int kStageKeyBytes = kBlockN * (kRawRows ? kDsMlaRowBytes : kKeyBytes);  // 40 KB, 41 KB raw
+  static constexpr int kStageScaleBytes = kDsMla && !kRawRows ? kBlockN * 16 : 0;            // fp32 [64][4]
+  // fp8_ds_mla: scale of key k, tile t at byte kScaleOffset + kScaleRowBytes k + 4 t of a stage.
+  static constexpr int kScaleOffset = kRawRows ? kDsMlaScaleOffset : kStageKeyBytes;
+  static constexpr int kScaleRowBytes = kRawRows ? kDsMlaRowBytes : 16;
+  // fp8_ds_mla: chunk of a key's first k_pe bytes (raw rows: after the 16 scale bytes)
+  static constexpr int kRopeChunk = kKvLoraRank / 16 + (kRawRows ? 1 : 0);
+  // QK^T (mma.sync) and PV read keys in the natural order where the layout allows (pv_key).
+  static constexpr bool kNaturalPv = kQkWgmma || kRawRows;
   // + flags; wgmma reads the key blocks in the 128-byte swizzle: 1024-byte aligned stages
   static constexpr int kStageBytes = kQkWgmma ? align1024(kStageKeyBytes + kStageScaleBytes + kBlockN)
                                               : kStageKeyBytes + kStageScaleBytes + kBlockN;
@@ -198,30 +214,40 @@ __device__ __forceinline__ int chunk_swizzle(int key) {
   return kQkWgmma ? key % 8 : key_swizzle(key);
 }
 
-// Byte offset of 16-byte chunk c (c % 8 = its place among 8) of key k in a stage.
+// Byte offset of 16-byte chunk c (c % 8 = its place among 8) of key k in a stage. (Raw rows: the
+// cache row's own chunks, k_pe from chunk 33 on.)
 template <typename C>
 __device__ __forceinline__ uint32_t key_chunk_offset(int key, int chunk) {
+  if constexpr (C::kRawRows) return key * C::kKeyStride + 16 * chunk;
   return key * C::kKeyStride + (chunk / 8) * C::kBlockStride + (((chunk % 8) ^ chunk_swizzle<C::kQkWgmma>(key)) << 4);
 }
 
 // PV k-step order: k indices (2 qd, 2 qd + 1, 2 qd + 8, 2 qd + 9) of the B fragment (e = 0..3)
 // are keys 16 ks + pv_key(qd, e), chosen so that each half-warp of a 64-bit load instruction (the
 // four keys of qd = 0..3 for one e, two chunks, two halves) hits 32 distinct banks: keys
-// qd + 4 e for 640-byte rows (bit-reversed swizzle), the natural order for the 128-byte swizzle.
-template <bool kQkWgmma>
+// qd + 4 e for 640-byte rows (bit-reversed swizzle), the natural order for the 128-byte swizzle
+// and for raw rows (keys 2 qd + e % 2 ..: chunk places (k + c) % 8, 2 qd + {0, 1} + const).
+template <bool kNaturalPv>
 __device__ __forceinline__ int pv_key(int qd, int e) {
-  return kQkWgmma ? 8 * (e / 2) + 2 * qd + e % 2 : qd + 4 * e;
+  return kNaturalPv ? 8 * (e / 2) + 2 * qd + e % 2 : qd + 4 * e;
+}
+// Key (of 8) of B row / C column c of an n-tile in the mma.sync QK^T. Raw rows: the bits of c
+// reversed, so that the two keys of each quarter-warp's 128-bit loads (c = 2 j, 2 j + 1) are 4 rows,
+// 4 chunk places, apart; the swizzled 640-byte rows take the keys in order.
+template <typename C>
+__device__ __forceinline__ int qk_key(int c) {
+  return C::kRawRows ? key_swizzle(c) : c;
 }
 // Column of key k (of 64) in the P tile: pairs (pv_key(qd, 0), pv_key(qd, 1)) at 2 qd, (.., 2 | 3)
 // at 2 qd + 8 of each 16, so that the A fragment is four 32-bit loads (e4m3::load_pv_a).
-template <bool kQkWgmma>
+template <bool kNaturalPv>
 __device__ __forceinline__ int p_column(int k) {
-  return kQkWgmma ? k : 8 * (k / 8) + 2 * (k % 4) + (k % 8) / 4;
+  return kNaturalPv ? k : 8 * (k / 8) + 2 * (k % 4) + (k % 8) / 4;
 }
 
-template <typename T, CacheFormat kFormat, int kRowThreads, bool kQkWgmma, int kTma = kTmaNone>
+template <typename T, CacheFormat kFormat, int kRowThreads, bool kQkWgmma, int kTma = kTmaNone, bool kRawRows = false>
 __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_constant__ DecodeParams p) {
-  using C = Fp8SplitConfig<T, kFormat, kRowThreads, kQkWgmma, kTma>;
+  using C = Fp8SplitConfig<T, kFormat, kRowThreads, kQkWgmma, kTma, kRawRows>;
   constexpr bool kTmaTiles = C::kTmaTiles;
   using sm80::cp_async16;
   using sm80::mma_16816;
@@ -293,9 +319,13 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     struct Pages {
       int id[kRR];  // one page per row; whole-tile pages: id[0] is the tile's page
     };
+    // Raw rows: quarter raw_q of the team copies rows 16 raw_q .. + 15 of each tile (copy_raw).
+    const int raw_q = ttid / 64, raw_t = ttid % 64;
     auto page_of = [&](int t) {
       Pages pg;
-      if (tile_in_one_page) {
+      if constexpr (C::kRawRows) {
+        pg.id[0] = t < tile_end ? cache_page(p, bt, t * kBlockN + 16 * raw_q, kv_len) : -1;
+      } else if (tile_in_one_page) {
         pg.id[0] = t < tile_end ? cache_page(p, bt, t * kBlockN, kv_len) : -1;
       } else {
 #pragma unroll
@@ -374,10 +404,54 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         }
       }
     };
+    // Raw rows (block_size % 16 == 0, 656-byte row stride): the 16 rows of a quarter lie on one page,
+    // back to back, so thread raw_t copies chunks raw_t + 64 i (i < 11; 41 per row) of that run to
+    // the same offsets in the stage: one source address per tile, immediate offsets, and 512
+    // contiguous bytes per warp instruction (the row copies above straddle 128-byte lines: 11.2
+    // shared wavefronts per instruction against 4, logs/s13_line_copies). Chunks of rows past the
+    // sequence or of an invalid page are zero-filled (chunk q is in row q / 41: q < 41 n_valid).
+    struct RawCopy {
+      const uint8_t* src;  // chunk raw_t of the quarter's first row
+      uint32_t dst;
+      int limit;           // 41 n_valid - raw_t: chunk raw_t + 64 i is valid when 64 i < limit
+    };
+    auto prepare_raw = [&](int t, int stage, const Pages& pg) {
+      RawCopy c;
+      uint8_t* st = team_smem + C::kOffStages + stage * C::kStageBytes;
+      const auto* const cache = static_cast<const uint8_t*>(p.kv_cache);
+      const int k0 = t * kBlockN + 16 * raw_q, page = pg.id[0];
+      const bool page_ok = page >= 0 && page < p.num_blocks;  // (page >= 0: k0 < kv_len)
+      const int n_valid = page_ok ? min(16, kv_len - k0) : 0;
+      c.src = (page_ok ? cache + int64_t(page) * p.stride_cache_block_bytes +
+                             int64_t(p.block_div.mod(k0, p.block_div.div(k0))) * kDsMlaRowBytes
+                       : cache) + 16 * raw_t;  // (invalid: any valid address)
+      c.dst = smem_addr(st) + 16 * raw_q * kDsMlaRowBytes + 16 * raw_t;
+      c.limit = 41 * n_valid - raw_t;
+      if (raw_t < 16) st[C::kStageKeyBytes + 16 * raw_q + raw_t] = raw_t < n_valid;
+      return c;
+    };
+    auto issue_raw = [&](const RawCopy& c, int half) {
+      static_assert(kDsMlaRowBytes == 41 * 16, "raw rows are 41 chunks");
+#pragma unroll
+      for (int i = 0; i < 11; ++i) {
+        if ((i < 5) != (half == 0)) continue;
+        if (i == 10 && raw_t >= 16) continue;  // 16 rows = 656 chunks = 10 x 64 + 16
+        cp_async16(c.dst + 1024 * i, c.src + 1024 * i, 64 * i < c.limit);
+      }
+    };
+    using TileCopy = std::conditional_t<C::kRawRows, RawCopy, RowCopy>;
+    auto prepare_copy = [&](int t, int stage, const Pages& pg) {
+      if constexpr (C::kRawRows) return prepare_raw(t, stage, pg);
+      else return prepare_rows(t, stage, pg);
+    };
+    auto issue_copy = [&](const TileCopy& c, int half) {
+      if constexpr (C::kRawRows) issue_raw(c, half);
+      else issue_rows(c, half);
+    };
     auto load_tile = [&](int t, int stage, const Pages& pg) {
-      const RowCopy c = prepare_rows(t, stage, pg);
-      issue_rows(c, 0);
-      issue_rows(c, 1);
+      const TileCopy c = prepare_copy(t, stage, pg);
+      issue_copy(c, 0);
+      issue_copy(c, 1);
     };
     // kTmaWholePage: tile t is one page (page_id: its block-table entry, read a tile ahead by
     // threads 0-64); thread 0 copies it as five [64 rows][128 B] boxes (+ fp8_ds_mla's scales),
@@ -563,7 +637,9 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     for (int i = team; i < num_tiles; i += C::kTeams) {
       const int li = i / C::kTeams, stage = li % C::kStages;
       uint8_t* const st = team_smem + C::kOffStages + stage * C::kStageBytes;
-      const float* scales = reinterpret_cast<const float*>(st + C::kStageKeyBytes);
+      // fp8_ds_mla: the scale of key k's 128-wide tile t
+      const float* scales = reinterpret_cast<const float*>(st + C::kScaleOffset);
+      auto scale_of = [scales](int k, int t) { return scales[C::kScaleRowBytes / 4 * k + t]; };
       const uint8_t* flags = st + C::kStageKeyBytes + C::kStageScaleBytes;
       if constexpr (kTmaTiles) {
 #if MLA_SM90A
@@ -601,10 +677,10 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       }
       team_sync();  // tile i landed for the team; the team is done with its previous tile
       const bool load_next = i + C::kTeams < num_tiles;
-      RowCopy next_copy{};
+      TileCopy next_copy{};
       if (load_next && !kTmaTiles) {
-        next_copy = prepare_rows(tile_begin + i + C::kTeams, (li + 1) % C::kStages, next_page);
-        issue_rows(next_copy, 0);
+        next_copy = prepare_copy(tile_begin + i + C::kTeams, (li + 1) % C::kStages, next_page);
+        issue_copy(next_copy, 0);
         next_page = page_of(tile_begin + i + 2 * C::kTeams);
       }
       const uint32_t kbase = stage_base + stage * C::kStageBytes;
@@ -620,12 +696,12 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
             tma_page = tma_page_of(tile_begin + i + 2 * C::kTeams);
           }
         } else {
-          if (load_next) issue_rows(next_copy, 1);
+          if (load_next) issue_copy(next_copy, 1);
           sm80::cp_async_commit();
         }
         // V reference R of this warp's tile (P' = P scale / R in fp16): see e4m3::update_scale_ref.
         // (Not before QK^T: the scale loads right after the barrier stalled the warp.)
-        if constexpr (C::kDsMla) e4m3::update_scale_ref<C::kScaleFitLog2>(scales[4 * lane + vt], scales[4 * (lane + 32) + vt], v_ref, v_rescale, v_inv);
+        if constexpr (C::kDsMla) e4m3::update_scale_ref<C::kScaleFitLog2>(scale_of(lane, vt), scale_of(lane + 32, vt), v_ref, v_rescale, v_inv);
       };
       if constexpr (kQkWgmma) {
 #if MLA_SM90A
@@ -666,7 +742,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int key = 16 * w4 + grp + 8 * r;
-          const float s0 = C::kDsMla ? scales[4 * key + 2 * wg] : 1.f, s1 = C::kDsMla ? scales[4 * key + 2 * wg + 1] : 1.f;
+          const float s0 = C::kDsMla ? scale_of(key, 2 * wg) : 1.f, s1 = C::kDsMla ? scale_of(key, 2 * wg + 1) : 1.f;
 #pragma unroll
           for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -687,18 +763,19 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) part[nt][e] = 0.f;
-        const int fk = key_swizzle(grp);  // key % 8 == grp for every B row this thread loads
-        const uint32_t qk_row = kbase + (32 * kh + grp) * C::kKeyBytes;
+        // Chunk swizzle of the keys this thread loads (all with key % 8 == qk_key(grp)); raw rows: none.
+        const int fk = C::kRawRows ? 0 : key_swizzle(grp);
+        const uint32_t qk_row = kbase + (32 * kh + qk_key<C>(grp)) * C::kKeyStride;
         auto load_qa = [&](int s, uint32_t (&a)[4]) {
           const uint4 v = e4m3::lds128(qfrag + s * kQFragStepBytes);
           a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
         };
 #pragma unroll
         for (int G = 0; G < 2; ++G) {
-          uint4 raw[4];  // chunk 8 g + 4 G + qd of keys 32 kh + 8 nt + grp
+          uint4 raw[4];  // chunk 8 g + 4 G + qd of keys 32 kh + 8 nt + qk_key(grp)
 #pragma unroll
           for (int nt = 0; nt < 4; ++nt)
-            raw[nt] = e4m3::lds128(qk_row + nt * 8 * C::kKeyBytes + ((8 * g + ((4 * G + qd) ^ fk)) << 4));
+            raw[nt] = e4m3::lds128(qk_row + nt * 8 * C::kKeyStride + ((8 * g + ((4 * G + qd) ^ fk)) << 4));
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             uint32_t qa[4];
@@ -718,17 +795,17 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
           if constexpr (C::kDsMla) {
             // Tile g's scale per key, then k_pe (bf16, dims 512 + 16 g + 4 qd ..) unscaled.
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-              const int key = 32 * kh + 8 * nt + 2 * qd;
-              const float s0 = scales[4 * key + g], s1 = scales[4 * (key + 1) + g];
+            for (int nt = 0; nt < 4; ++nt) {  // (C columns 2 qd, 2 qd + 1)
+              const int key = 32 * kh + 8 * nt;
+              const float s0 = scale_of(key + qk_key<C>(2 * qd), g), s1 = scale_of(key + qk_key<C>(2 * qd + 1), g);
               part[nt][0] *= s0, part[nt][1] *= s1, part[nt][2] *= s0, part[nt][3] *= s1;
             }
-            const int chunk = kKvLoraRank / 16 + 2 * g + qd / 2;
+            const int chunk = C::kRopeChunk + 2 * g + qd / 2;
             uint32_t qa_lo[4];
             if constexpr (C::kPeLoTerm) load_qa(C::kF16Steps + 1, qa_lo);
 #pragma unroll
             for (int nt = 0; nt < 4; ++nt) {
-              const uint2 w = e4m3::lds64(qk_row + nt * 8 * C::kKeyBytes + ((chunk ^ fk) << 4) + 8 * (qd % 2));
+              const uint2 w = e4m3::lds64(qk_row + nt * 8 * C::kKeyStride + ((chunk ^ fk) << 4) + 8 * (qd % 2));
               mma_16816<__nv_bfloat16>(part[nt], qa, w.x, w.y);
               if constexpr (C::kPeLoTerm) mma_16816<__nv_bfloat16>(part[nt], qa_lo, w.x, w.y);
             }
@@ -738,7 +815,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
 #pragma unroll
             for (int nt = 0; nt < 4; ++nt) {
               uint32_t b0, b1;
-              e4m3::x4_to_f16x2x2(e4m3::lds32(qk_row + nt * 8 * C::kKeyBytes + ((chunk ^ fk) << 4) + 4 * qd), b0, b1);
+              e4m3::x4_to_f16x2x2(e4m3::lds32(qk_row + nt * 8 * C::kKeyStride + ((chunk ^ fk) << 4) + 4 * qd), b0, b1);
               mma_16816<__half>(part[nt], qa, b0, b1);
             }
           }
@@ -746,20 +823,22 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         after_qk_issue();
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
-          const int key = 32 * kh + 8 * nt + 2 * qd;
+          const int col = 32 * kh + 8 * nt + 2 * qd;  // red_s columns: keys in qk_key order
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            *reinterpret_cast<float2*>(red_s + (g * 16 + grp + 8 * h) * C::kRedSStride + key) =
+            *reinterpret_cast<float2*>(red_s + (g * 16 + grp + 8 * h) * C::kRedSStride + col) =
                 make_float2(part[nt][2 * h], part[nt][2 * h + 1]);
         }
       }
       team_sync();
 
-      // ---- warp w: keys 8 w + 2 qd, + 1 of rows grp, grp + 8: sum the groups, mask, scale.
+      // ---- warp w: red_s columns 8 w + 2 qd, + 1 (keys ka, kb of the tile) of rows grp, grp + 8:
+      // sum the groups, mask, scale.
       float sc[4];
       const int kcol = 8 * warp + 2 * qd;
-      const int key0 = (tile_begin + i) * kBlockN + kcol;
-      const bool ok0 = flags[kcol] != 0, ok1 = flags[kcol + 1] != 0;
+      const int ka = 8 * warp + qk_key<C>(2 * qd), kb = 8 * warp + qk_key<C>(2 * qd + 1);
+      const int pos_a = (tile_begin + i) * kBlockN + ka, pos_b = pos_a - ka + kb;
+      const bool ok0 = flags[ka] != 0, ok1 = flags[kb] != 0;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float2 acc = make_float2(0.f, 0.f);
@@ -771,8 +850,8 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         }
         const int lim = row_lim_s[grp + 8 * h];
         const float rs = row_scale_s[grp + 8 * h];
-        sc[2 * h] = (ok0 && key0 < lim) ? acc.x * rs : -INFINITY;
-        sc[2 * h + 1] = (ok1 && key0 + 1 < lim) ? acc.y * rs : -INFINITY;
+        sc[2 * h] = (ok0 && pos_a < lim) ? acc.x * rs : -INFINITY;
+        sc[2 * h + 1] = (ok1 && pos_b < lim) ? acc.y * rs : -INFINITY;
         float mx = fmaxf(sc[2 * h], sc[2 * h + 1]);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -786,9 +865,9 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       // P must be redone with the new maximum, which the row maxima in `red` already give.
       bool exceed = false;
       float pk[4];
-      const int pcol0 = p_column<kQkWgmma>(kcol), pcol1 = p_column<kQkWgmma>(kcol + 1);
+      const int pcol0 = p_column<C::kNaturalPv>(ka), pcol1 = p_column<C::kNaturalPv>(kb);
       auto write_p = [&](int h, float p0, float p1) {
-        if constexpr (kQkWgmma) {  // natural order: one word
+        if constexpr (kQkWgmma) {  // natural order, kb = ka + 1: one word
           *reinterpret_cast<__half2*>(p_tile + (grp + 8 * h) * C::kPStride + pcol0) = __floats2half2_rn(p0, p1);
         } else {
           p_tile[(grp + 8 * h) * C::kPStride + pcol0] = __float2half_rn(p0);
@@ -808,7 +887,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       if (lane == 0) exceed_s[warp] = warp_exceeds;
       if constexpr (C::kPvScaleTile) {  // warps 2 vt, 2 vt + 1: keys 32 (warp % 2) + lane of tile vt
         const int k = 32 * (warp % 2) + lane;
-        pv_scale_s[vt * kBlockN + p_column<kQkWgmma>(k)] = __float2half_rn(scales[4 * k + vt] * v_inv);
+        pv_scale_s[vt * kBlockN + p_column<C::kNaturalPv>(k)] = __float2half_rn(scale_of(k, vt) * v_inv);
       }
       team_sync();
 
@@ -849,8 +928,8 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       // Keys 16 ks + pv_key(qd, e) (pv_key(qd, e + 2) = pv_key(qd, e) + 8): the offset of e % 2
       // here, 8 (e / 2) keys added per load.
       const int pv_chunk = 4 * warp + grp / 2;
-      const uint32_t pv_off[2] = {key_chunk_offset<C>(pv_key<kQkWgmma>(qd, 0), pv_chunk) + 8 * (grp % 2),
-                                  key_chunk_offset<C>(pv_key<kQkWgmma>(qd, 1), pv_chunk) + 8 * (grp % 2)};
+      const uint32_t pv_off[2] = {key_chunk_offset<C>(pv_key<C::kNaturalPv>(qd, 0), pv_chunk) + 8 * (grp % 2),
+                                  key_chunk_offset<C>(pv_key<C::kNaturalPv>(qd, 1), pv_chunk) + 8 * (grp % 2)};
 #pragma unroll
       for (int ks = 0; ks < kBlockN / 16; ++ks) {
         // A fragment: P of keys 16 ks + pv_key(qd, 0 | 1) and (2 | 3), rows grp and grp + 8, times
@@ -866,8 +945,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
             pa[2 + rr] = e4m3::hmul2_bits(pa[2 + rr], v23);
           }
         } else if constexpr (C::kDsMla) {  // (fp16 q, mma.sync: no room for the scale tile)
-          const float* sk = scales + 4 * 16 * ks + vt;
-          auto s_of = [&](int e) { return sk[4 * pv_key<kQkWgmma>(qd, e)] * v_inv; };
+          auto s_of = [&](int e) { return scale_of(16 * ks + pv_key<C::kNaturalPv>(qd, e), vt) * v_inv; };
           const __half2 v01 = __floats2half2_rn(s_of(0), s_of(1));
           const __half2 v23 = __floats2half2_rn(s_of(2), s_of(3));
 #pragma unroll
@@ -977,14 +1055,24 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
 // run): fp8_ds_mla 150.7 us with 4, 145.5 us with 8 (656-byte rows: 128 contiguous bytes per row
 // and warp instruction); fp8 107.6 us with 4, 112.7 us with 8 (more registers, 36 chunks do not
 // split evenly over 8 threads). MLA_EXT_DECODE_ROW_THREADS=4 or 8 forces one (comparisons, tests).
-template <CacheFormat kFormat>
-int decode_row_threads() {
+inline int decode_row_threads_env() {  // 4 or 8 when forced, else 0
   static const int forced = [] {
     const char* v = std::getenv("MLA_EXT_DECODE_ROW_THREADS");
-    return v == nullptr ? 0 : std::atoi(v);
+    const int n = v == nullptr ? 0 : std::atoi(v);
+    return n == 4 || n == 8 ? n : 0;
   }();
-  if (forced == 4 || forced == 8) return forced;
+  return forced;
+}
+template <CacheFormat kFormat>
+int decode_row_threads() {
+  const int forced = decode_row_threads_env();
+  if (forced != 0) return forced;
   return kFormat == CacheFormat::kFp8DsMla ? 8 : 4;
+}
+// fp8_ds_mla on the mma.sync path copies raw rows (kRawRows) where a tile's 16-row quarters lie on
+// one page with rows packed at 656 bytes, unless MLA_EXT_DECODE_ROW_THREADS asks for row copies.
+inline bool decode_raw_rows(const DecodeParams& p) {
+  return decode_row_threads_env() == 0 && p.block_size % 16 == 0 && p.stride_cache_token_bytes == kDsMlaRowBytes;
 }
 
 // kQkWgmma: the sm90a kernel (QK^T on wgmma); instantiated in split_fp8_16_sm90.cu, launched only
@@ -1001,6 +1089,13 @@ void launch_decode_split_fp8(const DecodeParams& p) {
         using C = Fp8SplitConfig<T, kFormat, 8, true, kTmaPages>;
         launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8, true, kTmaPages>, C::kThreads, C::kSmemLaunchBytes, what, p);
       }
+      return;
+    }
+  }
+  if constexpr (!kQkWgmma && kFormat == CacheFormat::kFp8DsMla) {
+    if (decode_raw_rows(p)) {
+      using C = Fp8SplitConfig<T, kFormat, 8, false, kTmaNone, true>;
+      launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8, false, kTmaNone, true>, C::kThreads, C::kSmemLaunchBytes, what, p);
       return;
     }
   }
