@@ -1056,7 +1056,9 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
 // Threads per cache row in the tile loads, measured on the H200 (memory-bound b128 x 4096, same
 // run): fp8_ds_mla 150.7 us with 4, 145.5 us with 8 (656-byte rows: 128 contiguous bytes per row
 // and warp instruction); fp8 107.6 us with 4, 112.7 us with 8 (more registers, 36 chunks do not
-// split evenly over 8 threads). MLA_EXT_DECODE_ROW_THREADS=4 or 8 forces one (comparisons, tests).
+// split evenly over 8 threads). fp8_ds_mla copies raw rows instead where the layout allows (below):
+// 119.5 us against 142.5 with 8 threads per row (logs/s14_raw_rows). MLA_EXT_DECODE_ROW_THREADS=4 or 8
+// forces row copies with that many threads (comparisons, tests).
 inline int decode_row_threads_env() {  // 4 or 8 when forced, else 0
   static const int forced = [] {
     const char* v = std::getenv("MLA_EXT_DECODE_ROW_THREADS");
