@@ -101,7 +101,7 @@ struct Fp8SplitConfig {
   static constexpr int kKeyBytes = 16 * kKeyChunks;          // 640
   // kRawRows (fp8_ds_mla, mma.sync QK^T; block sizes that are multiples of 16, rows packed at 656
   // bytes): a stage holds the tile's 64 cache rows byte for byte, scales and k_pe in place, so each
-  // quarter of the team copies 16 rows as one contiguous 10496-byte run (copy_raw: one page address
+  // quarter of the team copies 16 rows as one contiguous 10496-byte run (prepare_raw: one page address
   // per tile, 512 contiguous bytes per warp instruction). A 656-byte row is 16 bytes (one chunk)
   // past a multiple of 128, so chunk c of key k lies at chunk (k + c) % 8 of a 128-byte line: the
   // keys themselves are the swizzle. QK^T then pairs keys 4 apart in each quarter-warp (qk_key)
@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     struct Pages {
       int id[kRR];  // one page per row; whole-tile pages: id[0] is the tile's page
     };
-    // Raw rows: quarter raw_q of the team copies rows 16 raw_q .. + 15 of each tile (copy_raw).
+    // Raw rows: quarter raw_q of the team copies rows 16 raw_q .. + 15 of each tile (prepare_raw).
     const int raw_q = ttid / 64, raw_t = ttid % 64;
     auto page_of = [&](int t) {
       Pages pg;
