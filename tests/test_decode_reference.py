@@ -93,6 +93,18 @@ def test_reference_page_order_and_nan_slots():
         assert not bool(torch.isnan(a).any())
 
 
+@pytest.mark.parametrize("fmt", ["auto", "fp8", "fp8_ds_mla"])
+def test_padded_cache_strides(fmt):
+    """A cache whose pages and rows are padded (strided views, as make_inputs' page_pad / row_pad build
+    them for the GPU kernels' copy paths) decodes like its contiguous copy; the padding holds NaN."""
+    torch.manual_seed(2)
+    inp = make_inputs([0, 5, 70], 1, 4, 16, fmt, device="cpu", page_pad=3, row_pad=16)
+    assert inp["kv_cache"].stride(1) > inp["kv_cache"].shape[2] and not inp["kv_cache"].is_contiguous()
+    dense = dict(inp, kv_cache=inp["kv_cache"].contiguous())
+    for a, b in zip(run_op(inp, True), run_op(dense, True)):
+        assert torch.equal(a, b) and not bool(torch.isnan(a).any())
+
+
 @pytest.mark.parametrize("num_sms", [1, 7, 132])
 @pytest.mark.parametrize("lens", [[0], [1], [65536], [0, 0, 5], [100] * 300, [70000, 3, 5, 1000, 64, 65]])
 @pytest.mark.parametrize("s_q,h_q", [(1, 16), (2, 128), (16, 128)])
