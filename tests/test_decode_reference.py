@@ -57,7 +57,6 @@ def test_reference_edge_semantics():
         assert torch.equal(a, b)
 
 
-
 def test_reference_softmax_holds_at_huge_scores():
     """At softmax_scale 2^22 (scores ~2^27) the spec's weights still sum to 1 when two positions hold
     the same row (equal top scores): each weighs 1/2, as the same softmax in fp64 gives (an fp32 lse
@@ -75,6 +74,7 @@ def test_reference_softmax_holds_at_huge_scores():
     want = p @ r[:, :512]
     torch.testing.assert_close(out[0, 0].double(), want.to(torch.bfloat16).double(), atol=0, rtol=1e-2)
     assert lse.abs().min() > 2.0**24
+
 
 def test_reference_page_order_and_nan_slots():
     """Same tokens in shuffled pages, with NaN everywhere else, give the same result."""

@@ -86,7 +86,6 @@ def test_reference_properties():
     torch.testing.assert_close(lse_s, lse_dup)
 
 
-
 def test_reference_softmax_holds_at_huge_scores():
     """At softmax_scale 2^22 (scores ~2^27) the spec's weights still sum to 1: a top key listed twice
     weighs 1/2 each (an fp32 lse cannot hold log 2 there, so exp(scores - lse) gave each copy 1 and
@@ -102,6 +101,7 @@ def test_reference_softmax_holds_at_huge_scores():
     want = p @ rows[:, :512]
     torch.testing.assert_close(out[0, 0].double(), want.to(torch.bfloat16).double(), atol=0, rtol=1e-2)
     assert lse.abs().min() > 2.0**24  # the regime this is about
+
 
 def test_op_cpu_is_reference_and_opcheck():
     cache, good, _ = make_cache(6, 8, "fp8_ds_mla", "cpu")

@@ -30,10 +30,11 @@ __device__ __forceinline__ void cp_async_ca(uint32_t dst, const void* src) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
-// mbarriers with sm80 instructions (sm90 code has try_wait and transaction counts: absorb/sm90/tma.cuh).
-// A phase of `bar` completes after `count` arrivals; a thread's cp_async_mbarrier_arrive arrives once all
-// the cp.async it issued before have landed (.noinc: that arrival is one of the `count`).
-__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
+// mbarriers with sm80 instructions (sm90 code adds try_wait and transaction counts: absorb/sm90/tma.cuh,
+// which uses this init too). A phase of `bar` completes after `count` arrivals; a thread's
+// cp_async_mbarrier_arrive arrives once all the cp.async it issued before have landed (.noinc: that
+// arrival is one of the `count`).
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
 __device__ __forceinline__ void cp_async_mbarrier_arrive(uint32_t bar) {

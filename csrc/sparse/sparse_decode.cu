@@ -113,13 +113,16 @@ int row_threads_env() {
 }
 
 // Threads per gathered row (PortableConfig::kRowThreads): kDefault, or one of kOthers when
-// MLA_EXT_SPARSE_ROW_THREADS names it.
-template <int kM, CacheFormat kFormat, int kStages, bool kFrags, int kDefault, int... kOthers>
+// MLA_EXT_SPARSE_ROW_THREADS names it (kPvRaw: PortableConfig::kPvRaw, the 64-head fp8_ds_mla kernel
+// that reads V from the staging rows).
+template <int kM, CacheFormat kFormat, int kStages, bool kFrags, bool kPvRaw, int kDefault, int... kOthers>
 void launch_rows(const SparseDecodeParams& p) {
   const int want = row_threads_env();
   bool done = false;
-  ((!done && want == kOthers ? (launch_sparse_decode_portable<kM, kFormat, kStages, kFrags, kOthers>(p), done = true) : false), ...);
-  if (!done) launch_sparse_decode_portable<kM, kFormat, kStages, kFrags, kDefault>(p);
+  ((!done && want == kOthers ? (launch_sparse_decode_portable<kM, kFormat, kStages, kFrags, kOthers, false, 0, kPvRaw>(p), done = true)
+                             : false),
+   ...);
+  if (!done) launch_sparse_decode_portable<kM, kFormat, kStages, kFrags, kDefault, false, 0, kPvRaw>(p);
 }
 
 template <int kM, CacheFormat kFormat>
@@ -132,7 +135,7 @@ void launch_portable(const SparseDecodeParams& p, int max_smem) {
       if (m16_copy_warps() == 4 && row_threads_env() == 0 && CopyWarps::kSmemBytes <= max_smem) {
         launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 16, false, 4>(p);
       } else {
-        launch_rows<16, CacheFormat::kFp8DsMla, 4, true, 16, 4, 8>(p);
+        launch_rows<16, CacheFormat::kFp8DsMla, 4, true, false, 16, 4, 8>(p);
       }
       return;
     }
@@ -143,9 +146,9 @@ void launch_portable(const SparseDecodeParams& p, int max_smem) {
   if constexpr (kDeep > 1) {
     if (PortableConfig<kM, kFormat, kDeep>::kSmemBytes <= max_smem) {
       if constexpr (kM == 16 && kFormat == CacheFormat::kAuto) {
-        launch_rows<16, CacheFormat::kAuto, 2, false, 8, 4, 16>(p);
+        launch_rows<16, CacheFormat::kAuto, 2, false, false, 8, 4, 16>(p);
       } else if constexpr (kM == 64 && kFormat == CacheFormat::kAuto) {
-        launch_rows<64, CacheFormat::kAuto, 2, false, 8, 4, 16>(p);
+        launch_rows<64, CacheFormat::kAuto, 2, false, false, 8, 4, 16>(p);
       } else {
         launch_sparse_decode_portable<kM, kFormat, kDeep>(p);
       }
@@ -158,13 +161,12 @@ void launch_portable(const SparseDecodeParams& p, int max_smem) {
   if constexpr (kM == 64 && kFormat == CacheFormat::kFp8DsMla) {
     // MLA_EXT_SPARSE_ROW_THREADS: 4 the dequantising kernel below, 8 the kPvRaw kernel with 8 threads
     // per row; else the kPvRaw kernel with 16 (PvRawConfig).
-    const int rows = row_threads_env();
-    if (rows != 4 && pv_raw_allowed(max_smem)) {
-      if (rows == 8) launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 2, false, 8, false, 0, true>(p);
-      else launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 2, false, 16, false, 0, true>(p);
+    if (row_threads_env() != 4 && pv_raw_allowed(max_smem)) {
+      static_assert(PvRawConfig::kRowThreads == 16, "the kPvRaw default below");
+      launch_rows<64, CacheFormat::kFp8DsMla, 2, false, true, 16, 8>(p);
       return;
     }
-    launch_rows<64, CacheFormat::kFp8DsMla, 1, false, 8, 4>(p);
+    launch_rows<64, CacheFormat::kFp8DsMla, 1, false, false, 8, 4>(p);
   } else {
     launch_sparse_decode_portable<kM, kFormat, 1>(p);
   }

@@ -9,12 +9,12 @@
 
 #include <cstdint>
 
+#include "common/sm80.cuh"
+
 namespace mla::sm90 {
 
-// ---- mbarriers (shared::cta, 8 bytes each)
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
+// ---- mbarriers (shared::cta, 8 bytes each; initialised as on sm80)
+using sm80::mbar_init;
 // Makes the initialised barriers visible to the async proxy (TMA completes transactions on them).
 __device__ __forceinline__ void mbar_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");

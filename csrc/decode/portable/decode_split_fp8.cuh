@@ -687,8 +687,8 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       }
       const uint32_t kbase = stage_base + stage * C::kStageBytes;
 
-      // The next tile's second half of copies (TMA tiles: the whole tile) goes out while QK^T runs;
-      // R's vote after it. (TMA: issued after the wgmma so that the issuing warps, all in warpgroup
+      // The next tile's second half of copies (TMA tiles: the whole tile; raw rows: none) goes out
+      // while QK^T runs; R's vote after it. (TMA: issued after the wgmma so that the issuing warps, all in warpgroup
       // 0, do not hold back its QK^T, which warpgroup 1 waits for at the partial scores.)
       float v_rescale = 1.f;
       auto after_qk_issue = [&] {

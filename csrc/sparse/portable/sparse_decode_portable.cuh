@@ -1088,7 +1088,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     };
     if constexpr (Cfg::kCpAsyncCopyWarps) {
       if (tid == 0) {
-        for (int j = 0; j < kS; ++j) sm80::mbarrier_init(bars + 8 * j, Cfg::kCopyThreads);
+        for (int j = 0; j < kS; ++j) sm80::mbar_init(bars + 8 * j, Cfg::kCopyThreads);
       }
       __syncthreads();  // (the only CTA-wide barrier the copy warps join)
     } else if constexpr (Cfg::kBulkRows) {
