@@ -289,14 +289,18 @@ def test_wgmma_env_selects_kernel(fmt, monkeypatch):
 
 @pytest.mark.parametrize("block_size,row_pad,raw", [(64, 0, True), (16, 0, True), (64, 16, False), (61, 0, False)])
 def test_fp8_ds_mla_raw_rows_selected(block_size, row_pad, raw):
-    """The mma.sync fp8_ds_mla kernel copies raw rows (its last template argument) when rows are packed
-    at 656 bytes and block_size is a multiple of 16, else rows with 8 threads each."""
+    """The mma.sync fp8_ds_mla kernel copies raw rows (its second-last template argument) when rows are
+    packed at 656 bytes and block_size is a multiple of 16, else rows with 8 threads each; on sm90 and
+    newer the raw rows come by bulk copies (the last argument) unless MLA_EXT_DECODE_BULK_ROWS=0."""
     if os.environ.get("MLA_EXT_DECODE_ROW_THREADS"):
         pytest.skip("MLA_EXT_DECODE_ROW_THREADS asks for row copies")
+    bulk = raw and torch.cuda.get_device_capability() >= (9, 0) and os.environ.get("MLA_EXT_DECODE_BULK_ROWS") != "0"
     inp = make_inputs([300, 70], 1, 16, block_size, "fp8_ds_mla", row_pad=row_pad, device="cuda")
     names = _decode_kernels_run(lambda: check(inp, causal=True, force_portable=True))
     fp8 = [n for n in names if "decode_split_fp8_kernel" in n]
-    assert len(fp8) == 1 and fp8[0].split(">(")[0].endswith("true" if raw else "false"), names
+    assert len(fp8) == 1, names
+    flags = [a.strip() for a in fp8[0].split(">(")[0].split(",")[-2:]]
+    assert flags == [str(raw).lower(), str(bulk).lower()], names
 
 
 def test_cuda_graph_replay():
@@ -412,14 +416,17 @@ def test_fp8_16_rows_portable_kernel(fmt, h_q, dtype):
     check(inp, causal=True, force_portable=True)
 
 
-@pytest.mark.parametrize("row_threads,tma_tiles", [("4", "1"), ("8", "1"), ("4", "0"), ("8", "0"), ("0", "0")])
-def test_fp8_16_row_loaders(row_threads, tma_tiles):
+@pytest.mark.parametrize("row_threads,tma_tiles,bulk_rows",
+                         [("4", "1", "1"), ("8", "1", "1"), ("4", "0", "1"), ("8", "0", "1"), ("0", "0", "1"), ("0", "0", "0")])
+def test_fp8_16_row_loaders(row_threads, tma_tiles, bulk_rows):
     """Every tile loader of the fp8 16-row kernel: cp.async with 4 or 8 threads per cache row (fp8 uses
     4 by default, MLA_EXT_DECODE_ROW_THREADS forces either), raw fp8_ds_mla rows on the mma.sync path
-    (its default where the layout allows; row threads "0" = unset) and, on sm90 where a tile is one
-    page, TMA (MLA_EXT_DECODE_TMA_TILES=0 turns it off); env read once per process."""
+    (its default where the layout allows; row threads "0" = unset), by bulk copies on sm90 and newer
+    or by cp.async (MLA_EXT_DECODE_BULK_ROWS=0), and, on sm90 where a tile is one page, TMA
+    (MLA_EXT_DECODE_TMA_TILES=0 turns it off); env read once per process."""
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, MLA_EXT_DECODE_ROW_THREADS=row_threads, MLA_EXT_DECODE_TMA_TILES=tma_tiles,
+               MLA_EXT_DECODE_BULK_ROWS=bulk_rows,
                PYTHONPATH=os.pathsep.join([os.path.dirname(here), here, os.environ.get("PYTHONPATH", "")]))
     res = subprocess.run([sys.executable, "-c", _ROW_THREADS_CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stdout[-2000:] + res.stderr[-4000:]

@@ -29,7 +29,7 @@ void run_decode(const DecodeParams& p, int device, bool force_portable) {
   MLA_HOST_CHECK(info.sm_version >= 80, "decode needs sm80 or newer");
   // On sm90 (unless forced portable) the fp8 caches' memory-bound kernel runs QK^T on wgmma, the
   // only fp8 tensor math Hopper has; everything else, and sm100, runs the portable kernels.
-  run_decode_split_portable(p, info.sm_version == 90 && !force_portable);
+  run_decode_split_portable(p, info.sm_version, info.sm_version == 90 && !force_portable);
 
   // Merge the pieces of split requests (the planner lists them in the kSplitReq column).
   static_assert(kSplitInfoFields == 2, "combine reads split_info as (num_splits, first slot) pairs");

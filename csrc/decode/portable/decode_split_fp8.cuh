@@ -72,6 +72,13 @@
 #include "absorb/sm90/tma.cuh"
 #include "decode/sm90/qk_wgmma.cuh"
 
+// In the device pass for sm90 and newer: cp.async.bulk and mbarrier transaction counts (kBulkRows).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MLA_DECODE_BULK 1
+#else
+#define MLA_DECODE_BULK 0
+#endif
+
 namespace mla::decode::portable {
 
 inline constexpr int align1024(int bytes) { return (bytes + 1023) / 1024 * 1024; }
@@ -80,7 +87,8 @@ inline constexpr int align1024(int bytes) { return (bytes + 1023) / 1024 * 1024;
 // tiles (block_size % 64 == 0), or as 2-8 pages of block_size rows (block sizes 8, 16, 32).
 enum TmaTiles : int { kTmaNone = 0, kTmaWholePage = 1, kTmaPages = 2 };
 
-template <typename T, CacheFormat kFormat, int kRowThreadsT, bool kQkWgmmaT, int kTmaT = kTmaNone, bool kRawRowsT = false>
+template <typename T, CacheFormat kFormat, int kRowThreadsT, bool kQkWgmmaT, int kTmaT = kTmaNone, bool kRawRowsT = false,
+          bool kBulkRowsT = false>
 struct Fp8SplitConfig {
   static_assert(kFormat == CacheFormat::kFp8 || kFormat == CacheFormat::kFp8DsMla);
   static constexpr bool kDsMla = kFormat == CacheFormat::kFp8DsMla;
@@ -108,6 +116,12 @@ struct Fp8SplitConfig {
   // and PV takes the natural key order.
   static constexpr bool kRawRows = kRawRowsT;
   static_assert(!kRawRows || (kDsMla && !kQkWgmma), "raw rows: fp8_ds_mla on the mma.sync path");
+  // kBulkRows (sm90 and newer): the raw rows of a quarter arrive as one bulk copy (cp.async.bulk,
+  // 16 n_valid * 656 bytes) issued by one thread, lane q of warp 0 for quarter q, counted on the
+  // stage's mbarrier, instead of 11 cp.async per thread of the team. Rows it does not copy (past
+  // the sequence, invalid page) are zeroed after the wait.
+  static constexpr bool kBulkRows = kBulkRowsT;
+  static_assert(!kBulkRows || kRawRows, "bulk copies move raw rows");
   // Cache rows in a stage: chunk c of key k at key_chunk_offset(k, c) (see there): rows of 640
   // bytes (mma.sync path), of 656 (kRawRows) or five [64 keys][128 B] blocks (wgmma path).
   static constexpr int kKeyStride = kQkWgmma ? 128 : kRawRows ? kDsMlaRowBytes : kKeyBytes;  // bytes between keys
@@ -159,8 +173,11 @@ struct Fp8SplitConfig {
   // QK^T (mma.sync) and PV read keys in the natural order where the layout allows (pv_key).
   static constexpr bool kNaturalPv = kQkWgmma || kRawRows;
   // + flags; wgmma reads the key blocks in the 128-byte swizzle: 1024-byte aligned stages
-  static constexpr int kStageBytes = kQkWgmma ? align1024(kStageKeyBytes + kStageScaleBytes + kBlockN)
-                                              : kStageKeyBytes + kStageScaleBytes + kBlockN;
+  // Row flags: one byte per key; kBulkRows adds one byte per quarter (some row of it not copied) at
+  // kBlockN, read as one word.
+  static constexpr int kStageFlagBytes = kBlockN + (kBulkRows ? 16 : 0);
+  static constexpr int kStageBytes = kQkWgmma ? align1024(kStageKeyBytes + kStageScaleBytes + kStageFlagBytes)
+                                              : kStageKeyBytes + kStageScaleBytes + kStageFlagBytes;
   // P (fp16) [16][64 keys + 8 pad], key k at p_column(k): the PV A fragment's key pairs (in the
   // order pv_key gives) are 32-bit words; 144-byte rows: conflict-free reads.
   static constexpr int kPStride = kBlockN + 8;               // halves
@@ -193,7 +210,7 @@ struct Fp8SplitConfig {
   static constexpr int kOffRed = kOffP + kPBytes;
   static constexpr int kOffExceed = kOffRed + kRedBytes;
   static constexpr int kOffPvScale = kOffExceed + kExceedBytes;
-  static constexpr int kOffTileBars = kOffExceed + 64;        // kTmaTiles: one 8-byte mbarrier per stage
+  static constexpr int kOffTileBars = kOffExceed + 64;        // kTmaTiles, kBulkRows: one 8-byte mbarrier per stage
   static constexpr int kTmaRowBytes = 5 * 128 + (kDsMla ? 16 : 0);  // TMA bytes per cache row
   // End-of-piece exchange (team 1 -> team 0) in team 1's stages: o (32 floats per thread,
   // float index k * 256 + thread), then m and l per row, then R per warp.
@@ -245,9 +262,10 @@ __device__ __forceinline__ int p_column(int k) {
   return kNaturalPv ? k : 8 * (k / 8) + 2 * (k % 4) + (k % 8) / 4;
 }
 
-template <typename T, CacheFormat kFormat, int kRowThreads, bool kQkWgmma, int kTma = kTmaNone, bool kRawRows = false>
+template <typename T, CacheFormat kFormat, int kRowThreads, bool kQkWgmma, int kTma = kTmaNone, bool kRawRows = false,
+          bool kBulkRows = false>
 __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_constant__ DecodeParams p) {
-  using C = Fp8SplitConfig<T, kFormat, kRowThreads, kQkWgmma, kTma, kRawRows>;
+  using C = Fp8SplitConfig<T, kFormat, kRowThreads, kQkWgmma, kTma, kRawRows, kBulkRows>;
   constexpr bool kTmaTiles = C::kTmaTiles;
   using sm80::cp_async16;
   using sm80::mma_16816;
@@ -289,6 +307,16 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     }
     __syncthreads();
 #endif
+  } else if constexpr (C::kBulkRows) {
+#if MLA_DECODE_BULK
+    if (ttid == 0) {  // one arrival per quarter (its issuing thread's expect_tx, or a plain arrival)
+      for (int s2 = 0; s2 < C::kStages; ++s2) sm90::mbar_init(tile_bar + 8 * s2, 4);
+      sm90::mbar_init_fence();
+    }
+    __syncthreads();
+#else
+    __trap();  // kBulkRows kernels are launched on sm90 and newer only
+#endif
   }
 
   const SchedulePart part = schedule_part(p);
@@ -319,8 +347,9 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     struct Pages {
       int id[kRR];  // one page per row; whole-tile pages: id[0] is the tile's page
     };
-    // Raw rows: quarter raw_q of the team copies rows 16 raw_q .. + 15 of each tile (prepare_raw).
-    const int raw_q = ttid / 64, raw_t = ttid % 64;
+    // Raw rows: quarter raw_q of the team copies rows 16 raw_q .. + 15 of each tile (prepare_raw);
+    // bulk copies: thread q (< 4) of warp 0 copies quarter q (issue_bulk).
+    const int raw_q = C::kBulkRows ? ttid % 4 : ttid / 64, raw_t = ttid % 64;
     auto page_of = [&](int t) {
       Pages pg;
       if constexpr (C::kRawRows) {
@@ -441,6 +470,35 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         cp_async16(c.dst + 1024 * i, c.src + 1024 * i, 64 * i < c.limit);
       }
     };
+    // kBulkRows: thread q < 4 of the team (warp 0: the other warps skip the copies) copies quarter q
+    // of tile t as one bulk copy of its valid rows, writes their row flags and whether some row of
+    // the quarter is invalid (byte kBlockN + q), and arrives on the stage's mbarrier with the bytes.
+    auto issue_bulk = [&](int t, int stage, const Pages& pg) {
+#if MLA_DECODE_BULK
+      if (ttid >= 4) return;
+      uint8_t* st = team_smem + C::kOffStages + stage * C::kStageBytes;
+      const int k0 = t * kBlockN + 16 * raw_q, page = pg.id[0];
+      const bool page_ok = page >= 0 && page < p.num_blocks;  // (page >= 0: k0 < kv_len)
+      const int n_valid = page_ok ? min(16, kv_len - k0) : 0;
+      uint32_t w[4];  // flag bytes of rows 4 j .. 4 j + 3
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int n = min(max(n_valid - 4 * j, 0), 4);
+        w[j] = n == 4 ? 0x01010101u : 0x01010101u & ((1u << (8 * n)) - 1u);
+      }
+      *reinterpret_cast<uint4*>(st + C::kStageKeyBytes + 16 * raw_q) = make_uint4(w[0], w[1], w[2], w[3]);
+      st[C::kStageKeyBytes + kBlockN + raw_q] = n_valid < 16;
+      const uint32_t bar = tile_bar + 8 * stage;
+      if (n_valid > 0) {
+        const auto* const src = static_cast<const uint8_t*>(p.kv_cache) + int64_t(page) * p.stride_cache_block_bytes +
+                                int64_t(p.block_div.mod(k0, p.block_div.div(k0))) * kDsMlaRowBytes;
+        sm90::mbar_arrive_expect_tx(bar, n_valid * kDsMlaRowBytes);
+        sm90::bulk_load(stage_base + stage * C::kStageBytes + 16 * raw_q * kDsMlaRowBytes, src, n_valid * kDsMlaRowBytes, bar);
+      } else {
+        sm90::mbar_arrive(bar);  // nothing to copy: the quarter's rows are all invalid
+      }
+#endif
+    };
     using TileCopy = std::conditional_t<C::kRawRows, RawCopy, RowCopy>;
     auto prepare_copy = [&](int t, int stage, const Pages& pg) {
       if constexpr (C::kRawRows) return prepare_raw(t, stage, pg);
@@ -451,6 +509,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       else issue_rows(c, half);
     };
     auto load_tile = [&](int t, int stage, const Pages& pg) {
+      if constexpr (C::kBulkRows) return issue_bulk(t, stage, pg);
       const TileCopy c = prepare_copy(t, stage, pg);
       issue_copy(c, 0);
       issue_copy(c, 1);
@@ -673,6 +732,22 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
           sm90::fence_proxy_async_smem();
         }
 #endif
+      } else if constexpr (C::kBulkRows) {
+#if MLA_DECODE_BULK
+        sm90::mbar_wait(tile_bar + 8 * stage, (tile_phase >> stage) & 1);
+        tile_phase ^= 1u << stage;
+        // Rows the bulk copies left out hold what the stage held before (an earlier tile, the
+        // end-of-piece exchange, or nothing yet): zeroed, so that their values and scales meet
+        // P = 0 as finite numbers (the cp.async copies zero-fill them). Rare: the last tile of a
+        // sequence. The proxy fence orders these stores before a later bulk copy into the stage.
+        if (*reinterpret_cast<const uint32_t*>(flags + kBlockN) != 0) {
+          for (int idx = ttid; idx < kBlockN * 41; idx += C::kTeamThreads) {
+            const int r = idx / 41, c = idx % 41;
+            if (!flags[r]) *reinterpret_cast<uint4*>(st + r * kDsMlaRowBytes + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
+          }
+          sm90::fence_proxy_async_smem();
+        }
+#endif
       } else {
         sm80::cp_async_wait<0>();
         if constexpr (kQkWgmma) sm90::fence_proxy_async_smem();  // cp.async data -> wgmma
@@ -680,7 +755,12 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       team_sync();  // tile i landed for the team; the team is done with its previous tile
       const bool load_next = i + C::kTeams < num_tiles;
       TileCopy next_copy{};
-      if (load_next && !kTmaTiles) {
+      if constexpr (C::kBulkRows) {
+        if (load_next && warp == 0) {  // (a warp-uniform branch: the other warps skip it)
+          issue_bulk(tile_begin + i + C::kTeams, (li + 1) % C::kStages, next_page);
+          next_page = page_of(tile_begin + i + 2 * C::kTeams);
+        }
+      } else if (load_next && !kTmaTiles) {
         next_copy = prepare_copy(tile_begin + i + C::kTeams, (li + 1) % C::kStages, next_page);
         issue_copy(next_copy, 0);
         next_page = page_of(tile_begin + i + 2 * C::kTeams);
@@ -697,7 +777,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
             issue_tile(tile_begin + i + C::kTeams, (li + 1) % C::kStages, tma_page);
             tma_page = tma_page_of(tile_begin + i + 2 * C::kTeams);
           }
-        } else {
+        } else if constexpr (!C::kBulkRows) {
           if (load_next) issue_copy(next_copy, 1);
           sm80::cp_async_commit();
         }
@@ -1003,6 +1083,10 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         for (int h = 0; h < 2; ++h) xm[grp + 8 * h] = m[h], xl[grp + 8 * h] = total[h];
       }
       if (lane == 0) xr[warp] = v_ref;
+#if MLA_DECODE_BULK
+      // (team 1's stages: these stores come before the next piece's bulk copies into them)
+      if constexpr (C::kBulkRows) sm90::fence_proxy_async_smem();
+#endif
     }
     __syncthreads();
     if (team == 0) {  // also for pieces without tiles: out 0, lse -inf
@@ -1074,7 +1158,8 @@ int decode_row_threads() {
   return kFormat == CacheFormat::kFp8DsMla ? 8 : 4;
 }
 // fp8_ds_mla on the mma.sync path copies raw rows (kRawRows) where a tile's 16-row quarters lie on
-// one page with rows packed at 656 bytes, unless MLA_EXT_DECODE_ROW_THREADS asks for row copies.
+// one page with rows packed at 656 bytes, unless MLA_EXT_DECODE_ROW_THREADS asks for row copies; on
+// sm90 and newer with bulk copies (kBulkRows, p.bulk_rows: 113 against 117 us, logs/s15_bulk_rows).
 inline bool decode_raw_rows(const DecodeParams& p) {
   return decode_row_threads_env() == 0 && p.block_size % 16 == 0 && p.stride_cache_token_bytes == kDsMlaRowBytes;
 }
@@ -1097,6 +1182,12 @@ void launch_decode_split_fp8(const DecodeParams& p) {
     }
   }
   if constexpr (!kQkWgmma && kFormat == CacheFormat::kFp8DsMla) {
+    if (decode_raw_rows(p) && p.bulk_rows) {
+      using C = Fp8SplitConfig<T, kFormat, 8, false, kTmaNone, true, true>;
+      launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8, false, kTmaNone, true, true>, C::kThreads, C::kSmemLaunchBytes,
+                          what, p);
+      return;
+    }
     if (decode_raw_rows(p)) {
       using C = Fp8SplitConfig<T, kFormat, 8, false, kTmaNone, true>;
       launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8, false, kTmaNone, true>, C::kThreads, C::kSmemLaunchBytes, what, p);

@@ -66,12 +66,23 @@ bool make_tile_maps(DecodeParams& p) {
   return !ds || make(&p.scale_map, static_cast<const uint8_t*>(p.kv_cache) + kDsMlaScaleOffset, 16, 16, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
+// MLA_EXT_DECODE_BULK_ROWS=0 keeps the portable fp8_ds_mla kernel's raw-row copies on cp.async
+// on sm90 and newer too (comparisons, tests; read once).
+bool bulk_rows_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("MLA_EXT_DECODE_BULK_ROWS");
+    return v == nullptr || v[0] != '0';
+  }();
+  return enabled;
+}
+
 }  // namespace
 
-void run_decode_split_portable(const DecodeParams& params, bool sm90) {
+void run_decode_split_portable(const DecodeParams& params, int sm_version, bool sm90) {
   DecodeParams p = params;
   p.block_div = FastDivmod(p.block_size);  // every kernel maps key positions to pages with it
   p.tma_tiles = false;
+  p.bulk_rows = sm_version >= 90 && bulk_rows_enabled();
   const int block_m = block_m_for(p.num_rows, p.format);
   MLA_DISPATCH_HALF_TYPES(p.q_dtype, "q", [&] {
     MLA_DISPATCH_CACHE_FORMAT(p.format, [&] {
