@@ -287,15 +287,18 @@ def test_wgmma_env_selects_kernel(fmt, monkeypatch):
     assert _decode_kernels_run(call) == portable
 
 
-@pytest.mark.parametrize("block_size,row_pad,raw", [(64, 0, True), (16, 0, True), (64, 16, False), (61, 0, False)])
-def test_fp8_ds_mla_raw_rows_selected(block_size, row_pad, raw):
-    """The mma.sync fp8_ds_mla kernel copies raw rows (its second-last template argument) when rows are
-    packed at 656 bytes and block_size is a multiple of 16, else rows with 8 threads each; on sm90 and
-    newer the raw rows come by bulk copies (the last argument) unless MLA_EXT_DECODE_BULK_ROWS=0."""
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla"])
+@pytest.mark.parametrize("block_size,row_pad,packed", [(64, 0, True), (16, 0, True), (64, 16, False), (61, 0, False)])
+def test_fp8_raw_rows_selected(fmt, block_size, row_pad, packed):
+    """The mma.sync fp8 kernels copy raw rows (the second-last template argument) when rows are packed
+    (656 / 576 bytes) and block_size is a multiple of 16: by bulk copies (the last argument) on sm90
+    and newer unless MLA_EXT_DECODE_BULK_ROWS=0, else by cp.async (fp8_ds_mla only); otherwise rows
+    with 4 (fp8) or 8 (fp8_ds_mla) threads each."""
     if os.environ.get("MLA_EXT_DECODE_ROW_THREADS"):
         pytest.skip("MLA_EXT_DECODE_ROW_THREADS asks for row copies")
-    bulk = raw and torch.cuda.get_device_capability() >= (9, 0) and os.environ.get("MLA_EXT_DECODE_BULK_ROWS") != "0"
-    inp = make_inputs([300, 70], 1, 16, block_size, "fp8_ds_mla", row_pad=row_pad, device="cuda")
+    bulk = packed and torch.cuda.get_device_capability() >= (9, 0) and os.environ.get("MLA_EXT_DECODE_BULK_ROWS") != "0"
+    raw = bulk or (packed and fmt == "fp8_ds_mla")
+    inp = make_inputs([300, 70], 1, 16, block_size, fmt, row_pad=row_pad, device="cuda")
     names = _decode_kernels_run(lambda: check(inp, causal=True, force_portable=True))
     fp8 = [n for n in names if "decode_split_fp8_kernel" in n]
     assert len(fp8) == 1, names
@@ -390,8 +393,8 @@ from conftest import assert_close
 from mla_ext.bench.decode import make_inputs, run_op, run_reference
 torch.manual_seed(7)
 for fmt in ("fp8", "fp8_ds_mla"):
-    # (fp8_ds_mla raw-row copies need rows packed at 656 bytes and 16-row pieces of pages: bs 16, 64, 48;
-    # bs 61 and padded rows take the row copies whatever the environment says)
+    # (raw rows need packed rows (656 / 576 bytes) and 16-row pieces of pages: bs 16, 64, 48; bs 61 and
+    # padded rows take the row copies whatever the environment says; fp8 raw rows only by bulk copies)
     for block_size, page_pad, row_pad in ((16, 0, 0), (61, 3, 0), (64, 0, 0), (48, 0, 0), (32, 0, 16)):
         for h_q in (5, 16):
             inp = make_inputs([0, 1, 63, 64, 65, 300, 1000], 1, h_q, block_size, fmt, page_pad=page_pad, row_pad=row_pad,

@@ -107,24 +107,31 @@ struct Fp8SplitConfig {
   static constexpr int kStages = 2;                          // per team: one computing, one loading
   static constexpr int kKeyChunks = 40;                      // per key in shared memory
   static constexpr int kKeyBytes = 16 * kKeyChunks;          // 640
-  // kRawRows (fp8_ds_mla, mma.sync QK^T; block sizes that are multiples of 16, rows packed at 656
-  // bytes): a stage holds the tile's 64 cache rows byte for byte, scales and k_pe in place, so each
+  // kRawRows (mma.sync QK^T; block sizes that are multiples of 16, rows packed at 656 bytes for
+  // fp8_ds_mla): a stage holds the tile's 64 cache rows byte for byte, scales and k_pe in place, so each
   // quarter of the team copies 16 rows as one contiguous 10496-byte run (prepare_raw: one page address
   // per tile, 512 contiguous bytes per warp instruction). A 656-byte row is 16 bytes (one chunk)
   // past a multiple of 128, so chunk c of key k lies at chunk (k + c) % 8 of a 128-byte line: the
   // keys themselves are the swizzle. QK^T then pairs keys 4 apart in each quarter-warp (qk_key)
   // and PV takes the natural key order.
+  // fp8 raw rows (packed at 576 bytes, four chunks past a multiple of 128: chunk c of key k at place
+  // (4 k + c) % 8) come by bulk copies only (kBulkRows); QK^T pairs adjacent keys, and PV reads keys
+  // qd + 4 e (pv_key): four places per half-warp, 2-way conflicts. Still 1.3% faster than the 4-thread
+  // row copies (logs/s15_fp8_raw).
   static constexpr bool kRawRows = kRawRowsT;
-  static_assert(!kRawRows || (kDsMla && !kQkWgmma), "raw rows: fp8_ds_mla on the mma.sync path");
+  static_assert(!kRawRows || !kQkWgmma, "raw rows: the mma.sync path");
+  static constexpr int kRawRowBytes = kDsMla ? kDsMlaRowBytes : kLatentDim;  // 656 or 576
+  static constexpr int kRawRowChunks = kRawRowBytes / 16;                    // 41 or 36
   // kBulkRows (sm90 and newer): the raw rows of a quarter arrive as one bulk copy (cp.async.bulk,
-  // 16 n_valid * 656 bytes) issued by one thread, lane q of warp 0 for quarter q, counted on the
-  // stage's mbarrier, instead of 11 cp.async per thread of the team. Rows it does not copy (past
-  // the sequence, invalid page) are zeroed after the wait.
+  // n_valid rows) issued by one thread, lane q of warp 0 for quarter q, counted on the stage's
+  // mbarrier, instead of 9-11 cp.async per thread of the team. Rows it does not copy (past the
+  // sequence, invalid page) are zeroed after the wait.
   static constexpr bool kBulkRows = kBulkRowsT;
   static_assert(!kBulkRows || kRawRows, "bulk copies move raw rows");
+  static_assert(!kRawRows || kDsMla || kBulkRows, "fp8 raw rows come by bulk copies");
   // Cache rows in a stage: chunk c of key k at key_chunk_offset(k, c) (see there): rows of 640
-  // bytes (mma.sync path), of 656 (kRawRows) or five [64 keys][128 B] blocks (wgmma path).
-  static constexpr int kKeyStride = kQkWgmma ? 128 : kRawRows ? kDsMlaRowBytes : kKeyBytes;  // bytes between keys
+  // bytes (mma.sync path), of 656 / 576 (kRawRows) or five [64 keys][128 B] blocks (wgmma path).
+  static constexpr int kKeyStride = kQkWgmma ? 128 : kRawRows ? kRawRowBytes : kKeyBytes;  // bytes between keys
   static constexpr int kBlockStride = kQkWgmma ? kBlockN * 128 : 128;  // between chunks c and c + 8
   // mma.sync QK^T: warp (g = w % 4, kh = w / 4) takes k-steps of dim group g for keys 32 kh ..
   // 32 kh + 31: 8 e4m3 steps (dims 128 g ..) and one k_pe step (dims 512 + 16 g ..; bf16 for
@@ -163,7 +170,7 @@ struct Fp8SplitConfig {
   static constexpr int kRedSBytes = kScoreGroups * kRows * kRedSStride * 4;
   static constexpr int kQBytes = kRows * kQStride;
   static constexpr int kQRedBytes = kQBytes > kRedSBytes ? kQBytes : kRedSBytes;
-  static constexpr int kStageKeyBytes = kBlockN * (kRawRows ? kDsMlaRowBytes : kKeyBytes);  // 40 KB, 41 KB raw
+  static constexpr int kStageKeyBytes = kBlockN * (kRawRows ? kRawRowBytes : kKeyBytes);  // 40 KB; raw 41 / 36 KB
   static constexpr int kStageScaleBytes = kDsMla && !kRawRows ? kBlockN * 16 : 0;            // fp32 [64][4]
   // fp8_ds_mla: scale of key k, tile t at byte kScaleOffset + kScaleRowBytes k + 4 t of a stage.
   static constexpr int kScaleOffset = kRawRows ? kDsMlaScaleOffset : kStageKeyBytes;
@@ -171,7 +178,7 @@ struct Fp8SplitConfig {
   // fp8_ds_mla: chunk of a key's first k_pe bytes (raw rows: after the 16 scale bytes)
   static constexpr int kRopeChunk = kKvLoraRank / 16 + (kRawRows ? 1 : 0);
   // QK^T (mma.sync) and PV read keys in the natural order where the layout allows (pv_key).
-  static constexpr bool kNaturalPv = kQkWgmma || kRawRows;
+  static constexpr bool kNaturalPv = kQkWgmma || (kRawRows && kDsMla);
   // + flags; wgmma reads the key blocks in the 128-byte swizzle: 1024-byte aligned stages
   // Row flags: one byte per key; kBulkRows adds one byte per quarter (some row of it not copied) at
   // kBlockN, read as one word.
@@ -253,7 +260,7 @@ __device__ __forceinline__ int pv_key(int qd, int e) {
 // 4 chunk places, apart; the swizzled 640-byte rows take the keys in order.
 template <typename C>
 __device__ __forceinline__ int qk_key(int c) {
-  return C::kRawRows ? key_swizzle(c) : c;
+  return C::kRawRows && C::kDsMla ? key_swizzle(c) : c;  // (fp8 raw rows: adjacent keys, 4 places apart)
 }
 // Column of key k (of 64) in the P tile: pairs (pv_key(qd, 0), pv_key(qd, 1)) at 2 qd, (.., 2 | 3)
 // at 2 qd + 8 of each 16, so that the A fragment is four 32-bit loads (e4m3::load_pv_a).
@@ -433,7 +440,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         }
       }
     };
-    // Raw rows (block_size % 16 == 0, 656-byte row stride): the 16 rows of a quarter lie on one page,
+    // Raw rows by cp.async (fp8_ds_mla; block_size % 16 == 0, 656-byte row stride): the 16 rows of a quarter lie on one page,
     // back to back, so thread raw_t copies chunks raw_t + 64 i (i < 11; 41 per row) of that run to
     // the same offsets in the stage: one source address per tile, immediate offsets, and 512
     // contiguous bytes per warp instruction (the row copies above straddle 128-byte lines: 11.2
@@ -491,9 +498,9 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       const uint32_t bar = tile_bar + 8 * stage;
       if (n_valid > 0) {
         const auto* const src = static_cast<const uint8_t*>(p.kv_cache) + int64_t(page) * p.stride_cache_block_bytes +
-                                int64_t(p.block_div.mod(k0, p.block_div.div(k0))) * kDsMlaRowBytes;
-        sm90::mbar_arrive_expect_tx(bar, n_valid * kDsMlaRowBytes);
-        sm90::bulk_load(stage_base + stage * C::kStageBytes + 16 * raw_q * kDsMlaRowBytes, src, n_valid * kDsMlaRowBytes, bar);
+                                int64_t(p.block_div.mod(k0, p.block_div.div(k0))) * C::kRawRowBytes;
+        sm90::mbar_arrive_expect_tx(bar, n_valid * C::kRawRowBytes);
+        sm90::bulk_load(stage_base + stage * C::kStageBytes + 16 * raw_q * C::kRawRowBytes, src, n_valid * C::kRawRowBytes, bar);
       } else {
         sm90::mbar_arrive(bar);  // nothing to copy: the quarter's rows are all invalid
       }
@@ -741,9 +748,9 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         // P = 0 as finite numbers (the cp.async copies zero-fill them). Rare: the last tile of a
         // sequence. The proxy fence orders these stores before a later bulk copy into the stage.
         if (*reinterpret_cast<const uint32_t*>(flags + kBlockN) != 0) {
-          for (int idx = ttid; idx < kBlockN * 41; idx += C::kTeamThreads) {
-            const int r = idx / 41, c = idx % 41;
-            if (!flags[r]) *reinterpret_cast<uint4*>(st + r * kDsMlaRowBytes + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
+          for (int idx = ttid; idx < kBlockN * C::kRawRowChunks; idx += C::kTeamThreads) {
+            const int r = idx / C::kRawRowChunks, c = idx % C::kRawRowChunks;
+            if (!flags[r]) *reinterpret_cast<uint4*>(st + r * C::kRawRowBytes + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
           }
           sm90::fence_proxy_async_smem();
         }
@@ -1157,11 +1164,15 @@ int decode_row_threads() {
   if (forced != 0) return forced;
   return kFormat == CacheFormat::kFp8DsMla ? 8 : 4;
 }
-// fp8_ds_mla on the mma.sync path copies raw rows (kRawRows) where a tile's 16-row quarters lie on
-// one page with rows packed at 656 bytes, unless MLA_EXT_DECODE_ROW_THREADS asks for row copies; on
-// sm90 and newer with bulk copies (kBulkRows, p.bulk_rows: 113 against 117 us, logs/s15_bulk_rows).
-inline bool decode_raw_rows(const DecodeParams& p) {
-  return decode_row_threads_env() == 0 && p.block_size % 16 == 0 && p.stride_cache_token_bytes == kDsMlaRowBytes;
+// The mma.sync path copies raw rows (kRawRows) where a tile's 16-row quarters lie on one page with
+// rows packed (656 bytes for fp8_ds_mla, 576 for fp8), unless MLA_EXT_DECODE_ROW_THREADS asks for row
+// copies: fp8_ds_mla with bulk copies on sm90 and newer (kBulkRows, p.bulk_rows: 113 against 117 us,
+// logs/s15_bulk_rows), else with cp.async; fp8 only with bulk copies.
+template <CacheFormat kFormat>
+bool decode_raw_rows(const DecodeParams& p) {
+  constexpr bool kDs = kFormat == CacheFormat::kFp8DsMla;
+  return decode_row_threads_env() == 0 && p.block_size % 16 == 0 && (kDs || p.bulk_rows) &&
+         p.stride_cache_token_bytes == (kDs ? kDsMlaRowBytes : kLatentDim);
 }
 
 // kQkWgmma: the sm90a kernel (QK^T on wgmma); instantiated in split_fp8_16_sm90.cu, launched only
@@ -1181,17 +1192,20 @@ void launch_decode_split_fp8(const DecodeParams& p) {
       return;
     }
   }
-  if constexpr (!kQkWgmma && kFormat == CacheFormat::kFp8DsMla) {
-    if (decode_raw_rows(p) && p.bulk_rows) {
+  if constexpr (!kQkWgmma) {
+    if (decode_raw_rows<kFormat>(p) && p.bulk_rows) {
       using C = Fp8SplitConfig<T, kFormat, 8, false, kTmaNone, true, true>;
       launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8, false, kTmaNone, true, true>, C::kThreads, C::kSmemLaunchBytes,
                           what, p);
       return;
     }
-    if (decode_raw_rows(p)) {
-      using C = Fp8SplitConfig<T, kFormat, 8, false, kTmaNone, true>;
-      launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8, false, kTmaNone, true>, C::kThreads, C::kSmemLaunchBytes, what, p);
-      return;
+    if constexpr (kFormat == CacheFormat::kFp8DsMla) {
+      if (decode_raw_rows<kFormat>(p)) {
+        using C = Fp8SplitConfig<T, kFormat, 8, false, kTmaNone, true>;
+        launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8, false, kTmaNone, true>, C::kThreads, C::kSmemLaunchBytes, what,
+                            p);
+        return;
+      }
     }
   }
   if (decode_row_threads<kFormat>() == 4) {
