@@ -49,7 +49,7 @@ def main() -> int:
     # written for them), into decode_mla_portable.{json,md} next to the default run's decode_mla.{json,md}.
     if args.json and forced_portable():
         notes = ("Every case on the portable kernels (MLA_EXT_FORCE_PORTABLE=1: mma.sync m16n8k16, cp.async tile "
-                 "copies; on sm90 and newer fp8_ds_mla raw rows by cp.async.bulk), as sm100 runs them. "
+                 "copies; on sm90 and newer fp8 raw rows by cp.async.bulk), as sm100 runs them. "
                  "Bars (issue 3, portable path): >= 70% of copy bandwidth on the "
                  "memory-bound cases, >= 50% on the single 64K request, fp8_ds_mla >= 1.4x faster than bf16 on "
                  "the memory-bound cases.\n\n" + summary)
