@@ -35,6 +35,11 @@ const DeviceInfo& device_info(int device) {
   return cache[device];
 }
 
+bool env_switched_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] == '0';
+}
+
 bool force_portable_from_env() {
   const char* v = std::getenv("MLA_EXT_FORCE_PORTABLE");
   return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;

@@ -17,4 +17,8 @@ const DeviceInfo& device_info(int device);
 // how the code sm100 runs is tested on an H200.
 bool force_portable_from_env();
 
+// True when the environment variable `name` is set to a value starting with '0': how the decode
+// path's switches (MLA_EXT_DECODE_WGMMA, _PAIRS, _TMA_TILES, _BULK_ROWS) turn a default path off.
+bool env_switched_off(const char* name);
+
 }  // namespace mla

@@ -70,7 +70,7 @@ struct DecodeParams {
   alignas(64) CUtensorMap scale_map;
   bool tma_tiles;                         // the maps are valid (else the kernel copies with cp.async)
   int tma_box_rows;                       // rows per TMA box: min(64, block_size); 64 % it == 0
-  bool bulk_rows;                         // sm90+: the portable fp8_ds_mla kernel's raw rows by cp.async.bulk
+  bool bulk_rows;                         // sm90+: the portable fp8 16-row kernel's raw rows by cp.async.bulk
   const void* __restrict__ q;             // [b, s_q, h_q, 576] bf16/fp16, strides below, 16-B aligned rows
   const void* __restrict__ kv_cache;      // [num_blocks, block_size, row] (row: 576 elems / 576 B / 656 B)
   const int32_t* __restrict__ block_table;  // [b, max_blocks] int32
@@ -108,7 +108,7 @@ void run_decode(const DecodeParams& params, int device, bool force_portable);
 
 // The split kernel, for the dispatcher above.
 // sm90: the fp8 caches' 16-row kernel runs QK^T on wgmma (sm90a code); otherwise all mma.sync.
-// sm_version >= 90 also lets the portable fp8_ds_mla kernel copy raw rows with cp.async.bulk.
+// sm_version >= 90 also lets the portable fp8 16-row kernel copy raw rows with cp.async.bulk.
 void run_decode_split_portable(const DecodeParams& params, int sm_version, bool sm90);
 
 }  // namespace mla::decode

@@ -1,4 +1,5 @@
 // Host dispatch of the portable split kernel: q dtype x cache format x rows per CTA.
+#include "common/arch.h"
 #include "common/dispatch.h"
 #include "decode/decode.h"
 #include "absorb/sm90/tma.cuh"
@@ -32,10 +33,7 @@ namespace {
 
 // MLA_EXT_DECODE_WGMMA=0 keeps 64-row tiles on the portable mma.sync kernel on sm90 too
 // (comparisons, tests; read per call).
-bool wgmma_64_rows_enabled() {
-  const char* v = std::getenv("MLA_EXT_DECODE_WGMMA");
-  return v == nullptr || v[0] != '0';
-}
+bool wgmma_64_rows_enabled() { return !env_switched_off("MLA_EXT_DECODE_WGMMA"); }
 
 // Tensor maps for the TMA tile copies of the sm90 kernels (the fp8 16-row kernel and the 16-bit
 // 64-row wgmma kernel, which uses them for whole pages only; DecodeParams::kv_map / scale_map): boxes
@@ -45,10 +43,7 @@ bool wgmma_64_rows_enabled() {
 // with cp.async.
 // MLA_EXT_DECODE_TMA_TILES=0 turns them off (comparisons, tests).
 bool make_tile_maps(DecodeParams& p) {
-  static const bool disabled = [] {
-    const char* v = std::getenv("MLA_EXT_DECODE_TMA_TILES");
-    return v != nullptr && v[0] == '0';
-  }();
+  static const bool disabled = env_switched_off("MLA_EXT_DECODE_TMA_TILES");
   const int box_rows = p.block_size < kBlockN ? p.block_size : kBlockN;
   if (disabled || box_rows % 8 != 0 || p.block_size % box_rows != 0 || kBlockN % box_rows != 0) return false;
   p.tma_box_rows = box_rows;
@@ -66,13 +61,10 @@ bool make_tile_maps(DecodeParams& p) {
   return !ds || make(&p.scale_map, static_cast<const uint8_t*>(p.kv_cache) + kDsMlaScaleOffset, 16, 16, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
-// MLA_EXT_DECODE_BULK_ROWS=0 keeps the portable fp8_ds_mla kernel's raw-row copies on cp.async
-// on sm90 and newer too (comparisons, tests; read once).
+// MLA_EXT_DECODE_BULK_ROWS=0 keeps the portable fp8 16-row kernel off bulk copies on sm90 and newer
+// too: fp8_ds_mla raw rows by cp.async, fp8 rows by 4 threads each (comparisons, tests; read once).
 bool bulk_rows_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("MLA_EXT_DECODE_BULK_ROWS");
-    return v == nullptr || v[0] != '0';
-  }();
+  static const bool enabled = !env_switched_off("MLA_EXT_DECODE_BULK_ROWS");
   return enabled;
 }
 

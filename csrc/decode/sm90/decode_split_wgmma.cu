@@ -34,6 +34,7 @@
 
 #include "absorb/sm90/tma.cuh"
 #include "absorb/sm90/wgmma.cuh"
+#include "common/arch.h"
 #include "common/sm80.cuh"
 #include "decode/decode.h"
 #include "decode/portable/decode_split.cuh"  // dequant_row_to_tile
@@ -326,10 +327,7 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
 template <typename T>
 void launch_decode_split_wgmma_pairs(const DecodeParams& p);
 namespace {
-bool pairs_enabled() {
-  const char* v = std::getenv("MLA_EXT_DECODE_PAIRS");
-  return v == nullptr || v[0] != '0';
-}
+bool pairs_enabled() { return !env_switched_off("MLA_EXT_DECODE_PAIRS"); }
 }  // namespace
 
 template <typename T, CacheFormat kFormat>
