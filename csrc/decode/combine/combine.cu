@@ -26,6 +26,7 @@
 #include "common/attn_sink.cuh"
 #include "common/cuda_check.h"
 #include "common/dispatch.h"
+#include "common/pdl.cuh"
 #include "common/vec.cuh"
 
 namespace mla::combine {
@@ -56,10 +57,15 @@ __global__ void __launch_bounds__(kThreads) split_combine_kernel(const __grid_co
   __shared__ float4 acc_smem[kGroups][kLanes];
   __shared__ float max_smem[kGroups], sum_smem[kGroups];
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched early (programmatic dependent launch): wait until the partials are complete.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  // Launched early (programmatic dependent launch; the split kernels let it be scheduled from their
+  // start): the plan (split list, split info: an earlier kernel's output) is read before waiting for
+  // the partials. Every CTA waits before it exits, also one with nothing to merge, so that this grid
+  // completes only after the split kernel has: the next kernel in the stream reads `out`.
+  bool waited = false;
+  auto wait_partials = [&] {
+    if (!waited) pdl_wait_prerequisites();
+    waited = true;
+  };
   const int row = blockIdx.x / kChunks, chunk = blockIdx.x % kChunks;
   const int g = threadIdx.x / kLanes, c = threadIdx.x % kLanes;
   const int col4 = chunk * kLanes + c;  // this thread's float4 of the 512 output dims
@@ -84,6 +90,7 @@ __global__ void __launch_bounds__(kThreads) split_combine_kernel(const __grid_co
       first = 0;
     }
     if (first < 0 || first >= p.num_slots || n < 1) continue;
+    wait_partials();
     n = static_cast<int>(std::min<int64_t>(n, p.num_slots - first));
     const int64_t base = first * p.stride_partial_slot + int64_t(req) * p.stride_partial_req + row;
 
@@ -153,6 +160,7 @@ __global__ void __launch_bounds__(kThreads) split_combine_kernel(const __grid_co
     }
     __syncthreads();  // shared memory is reused by the next request
   }
+  wait_partials();
 }
 
 bool env_flag(const char* name) {

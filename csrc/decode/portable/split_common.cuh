@@ -6,6 +6,7 @@
 #include "common/arch.h"
 #include "common/cuda_check.h"
 #include "common/sm80.cuh"
+#include "common/pdl.cuh"
 #include "decode/decode.h"
 
 namespace mla::decode::portable {

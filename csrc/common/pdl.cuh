@@ -1,0 +1,24 @@
+// Programmatic dependent launch (sm90 and newer; no-ops before): a kernel launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization (the split combine) may be scheduled while the
+// kernel before it in the stream (a split kernel) still runs, once every CTA of that one has called
+// pdl_launch_dependents or exited, and must call pdl_wait_prerequisites before it reads what that
+// kernel writes. Only CTAs already running can have called it, so an early call cannot keep a later
+// CTA of the primary grid from being scheduled.
+#pragma once
+
+namespace mla {
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Waits until the prerequisite grids have completed and their memory operations are visible.
+__device__ __forceinline__ void pdl_wait_prerequisites() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+}  // namespace mla
