@@ -124,8 +124,10 @@ struct Fp8SplitConfig {
   static constexpr int kRawRowChunks = kRawRowBytes / 16;                    // 41 or 36
   // kBulkRows (sm90 and newer): the raw rows of a quarter arrive as one bulk copy (cp.async.bulk,
   // n_valid rows) issued by one thread, lane q of warp 0 for quarter q, counted on the stage's
-  // mbarrier, instead of 9-11 cp.async per thread of the team. Rows it does not copy (past the
-  // sequence, invalid page) are zeroed after the wait.
+  // mbarrier, instead of 9-11 cp.async per thread of the team; when a tile is one page (block sizes
+  // that are multiples of 64) lane 0 copies all of it at once. Rows a copy leaves out (past the
+  // sequence, invalid page) are zeroed after the wait. The row flags are then the quarters' counts
+  // of valid rows (stage_row_valid).
   static constexpr bool kBulkRows = kBulkRowsT;
   static_assert(!kBulkRows || kRawRows, "bulk copies move raw rows");
   static_assert(!kRawRows || kDsMla || kBulkRows, "fp8 raw rows come by bulk copies");
@@ -180,9 +182,9 @@ struct Fp8SplitConfig {
   // QK^T (mma.sync) and PV read keys in the natural order where the layout allows (pv_key).
   static constexpr bool kNaturalPv = kQkWgmma || (kRawRows && kDsMla);
   // + flags; wgmma reads the key blocks in the 128-byte swizzle: 1024-byte aligned stages
-  // Row flags: one byte per key; kBulkRows adds one byte per quarter (some row of it not copied) at
-  // kBlockN, read as one word.
-  static constexpr int kStageFlagBytes = kBlockN + (kBulkRows ? 16 : 0);
+  // Row flags: one byte per key (kBulkRows: one per quarter, its valid rows; read as one word). The
+  // bulk copies' stages stay 16-byte aligned.
+  static constexpr int kStageFlagBytes = kBulkRows ? 16 : kBlockN;
   static constexpr int kStageBytes = kQkWgmma ? align1024(kStageKeyBytes + kStageScaleBytes + kStageFlagBytes)
                                               : kStageKeyBytes + kStageScaleBytes + kStageFlagBytes;
   // P (fp16) [16][64 keys + 8 pad], key k at p_column(k): the PV A fragment's key pairs (in the
@@ -267,6 +269,14 @@ __device__ __forceinline__ int qk_key(int c) {
 template <bool kNaturalPv>
 __device__ __forceinline__ int p_column(int k) {
   return kNaturalPv ? k : 8 * (k / 8) + 2 * (k % 4) + (k % 8) / 4;
+}
+
+// Whether key k of a stage holds a valid cache row: its flag byte, or with bulk copies (kBulkRows) whether
+// it lies below its quarter's count of valid rows.
+template <typename C>
+__device__ __forceinline__ bool stage_row_valid(const uint8_t* flags, int k) {
+  if constexpr (C::kBulkRows) return k % 16 < flags[k / 16];
+  return flags[k] != 0;
 }
 
 template <typename T, CacheFormat kFormat, int kRowThreads, bool kQkWgmma, int kTma = kTmaNone, bool kRawRows = false,
@@ -480,9 +490,10 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         cp_async16(c.dst + 1024 * i, c.src + 1024 * i, 64 * i < c.limit);
       }
     };
-    // kBulkRows: thread q < 4 of the team (warp 0: the other warps skip the copies) copies quarter q
-    // of tile t as one bulk copy of its valid rows, writes their row flags and whether some row of
-    // the quarter is invalid (byte kBlockN + q), and arrives on the stage's mbarrier with the bytes.
+    // kBulkRows: thread q < 4 of the team (warp 0: the other warps skip the copies) writes the count of
+    // valid rows of quarter q of tile t (flag byte q) and copies the quarter's valid rows as one bulk
+    // copy, arriving on the stage's mbarrier with the bytes; when the tile is one page, thread 0 copies
+    // the tile's valid rows and threads 1-3 arrive without bytes (one copy instead of four).
     auto issue_bulk = [&](int t, int stage, const Pages& pg) {
 #if MLA_DECODE_BULK
       if (ttid >= 4) return;
@@ -490,22 +501,19 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       const int k0 = t * kBlockN + 16 * raw_q, page = pg.id[0];
       const bool page_ok = page >= 0 && page < p.num_blocks;  // (page >= 0: k0 < kv_len)
       const int n_valid = page_ok ? min(16, kv_len - k0) : 0;
-      uint32_t w[4];  // flag bytes of rows 4 j .. 4 j + 3
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int n = min(max(n_valid - 4 * j, 0), 4);
-        w[j] = n == 4 ? 0x01010101u : 0x01010101u & ((1u << (8 * n)) - 1u);
-      }
-      *reinterpret_cast<uint4*>(st + C::kStageKeyBytes + 16 * raw_q) = make_uint4(w[0], w[1], w[2], w[3]);
-      st[C::kStageKeyBytes + kBlockN + raw_q] = n_valid < 16;
+      st[C::kStageKeyBytes + raw_q] = n_valid;
       const uint32_t bar = tile_bar + 8 * stage;
-      if (n_valid > 0) {
+      // Rows this thread copies: its quarter's, or thread 0 the whole tile's (on one page, the page of
+      // quarter 0: rows past the sequence are the only invalid ones).
+      const bool whole_tile = p.block_size % kBlockN == 0;  // (from the parameters: no register through the loop)
+      const int rows = !whole_tile ? n_valid : raw_q == 0 && page_ok ? min(kBlockN, kv_len - k0) : 0;
+      if (rows > 0) {
         const auto* const src = static_cast<const uint8_t*>(p.kv_cache) + int64_t(page) * p.stride_cache_block_bytes +
                                 int64_t(p.block_div.mod(k0, p.block_div.div(k0))) * C::kRawRowBytes;
-        sm90::mbar_arrive_expect_tx(bar, n_valid * C::kRawRowBytes);
-        sm90::bulk_load(stage_base + stage * C::kStageBytes + 16 * raw_q * C::kRawRowBytes, src, n_valid * C::kRawRowBytes, bar);
+        sm90::mbar_arrive_expect_tx(bar, rows * C::kRawRowBytes);
+        sm90::bulk_load(stage_base + stage * C::kStageBytes + 16 * raw_q * C::kRawRowBytes, src, rows * C::kRawRowBytes, bar);
       } else {
-        sm90::mbar_arrive(bar);  // nothing to copy: the quarter's rows are all invalid
+        sm90::mbar_arrive(bar);  // nothing (more) to copy
       }
 #endif
     };
@@ -750,10 +758,10 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         // end-of-piece exchange, or nothing yet): zeroed, so that their values and scales meet
         // P = 0 as finite numbers (the cp.async copies zero-fill them). Rare: the last tile of a
         // sequence. The proxy fence orders these stores before a later bulk copy into the stage.
-        if (*reinterpret_cast<const uint32_t*>(flags + kBlockN) != 0) {
+        if (*reinterpret_cast<const uint32_t*>(flags) != 0x10101010u) {  // some quarter with fewer than 16 rows
           for (int idx = ttid; idx < kBlockN * C::kRawRowChunks; idx += C::kTeamThreads) {
             const int r = idx / C::kRawRowChunks, c = idx % C::kRawRowChunks;
-            if (!flags[r]) *reinterpret_cast<uint4*>(st + r * C::kRawRowBytes + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
+            if (!stage_row_valid<C>(flags, r)) *reinterpret_cast<uint4*>(st + r * C::kRawRowBytes + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
           }
           sm90::fence_proxy_async_smem();
         }
@@ -930,7 +938,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       const int kcol = 8 * warp + 2 * qd;
       const int ka = 8 * warp + qk_key<C>(2 * qd), kb = 8 * warp + qk_key<C>(2 * qd + 1);
       const int pos_a = (tile_begin + i) * kBlockN + ka, pos_b = pos_a - ka + kb;
-      const bool ok0 = flags[ka] != 0, ok1 = flags[kb] != 0;
+      const bool ok0 = stage_row_valid<C>(flags, ka), ok1 = stage_row_valid<C>(flags, kb);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float2 acc = make_float2(0.f, 0.f);
