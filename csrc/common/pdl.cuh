@@ -3,7 +3,8 @@
 // kernel before it in the stream (a split kernel) still runs, once every CTA of that one has called
 // pdl_launch_dependents or exited, and must call pdl_wait_prerequisites before it reads what that
 // kernel writes. Only CTAs already running can have called it, so an early call cannot keep a later
-// CTA of the primary grid from being scheduled.
+// CTA of the primary grid from being scheduled. The dense split kernels call it first thing, so the
+// combine's launch, its reads of the plan and its CTAs with nothing to merge overlap them.
 #pragma once
 
 namespace mla {

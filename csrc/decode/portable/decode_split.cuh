@@ -198,9 +198,7 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
   const uint32_t p_base = smem_addr(smem + C::kOffP);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  // The combine may be scheduled from now on (it waits for this grid before reading the partials):
-  // its launch and its CTAs with nothing to merge then overlap this kernel.
-  pdl_launch_dependents();
+  pdl_launch_dependents();  // the combine may launch now (common/pdl.cuh)
   const SchedulePart part = schedule_part(p);
   const int row0 = blockIdx.y * kBlockM;                   // first query row of this CTA
   const int rows_here = min(kBlockM, p.num_rows - row0);

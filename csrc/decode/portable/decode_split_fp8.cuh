@@ -336,9 +336,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
 #endif
   }
 
-  // The combine may be scheduled from now on (it waits for this grid before reading the partials):
-  // its launch and its CTAs with nothing to merge then overlap this kernel.
-  pdl_launch_dependents();
+  pdl_launch_dependents();  // the combine may launch now (common/pdl.cuh)
   const SchedulePart part = schedule_part(p);
   const int row0 = blockIdx.y * C::kRows;
   const int rows_here = min(C::kRows, p.num_rows - row0);

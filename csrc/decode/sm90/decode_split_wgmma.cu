@@ -104,9 +104,7 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
   // This thread's accumulator rows (S and O alike): 16 (warp % 4) + lane / 4 + 8 h.
   const int row_lo = 16 * (warp % 4) + lane / 4;
-  // The combine may be scheduled from now on (it waits for this grid before reading the partials):
-  // its launch and its CTAs with nothing to merge then overlap this kernel.
-  pdl_launch_dependents();
+  pdl_launch_dependents();  // the combine may launch now (common/pdl.cuh)
   const SchedulePart part = schedule_part(p);
   const int row0 = blockIdx.y * C::kRows;
   const int rows_here = min(C::kRows, p.num_rows - row0);

@@ -103,9 +103,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
   // Each warpgroup's TMA thread (whole pages), or all of it (page boxes: copy_blocks).
   const bool issuer = kPageBoxes || tid % 128 == 0;
   const int row_lo = 16 * (warp % 4) + lane / 4;  // this thread's accumulator rows: row_lo, row_lo + 8
-  // The combine may be scheduled from now on (it waits for this grid before reading the partials):
-  // its launch and its CTAs with nothing to merge then overlap this kernel.
-  pdl_launch_dependents();
+  pdl_launch_dependents();  // the combine may launch now (common/pdl.cuh)
   const SchedulePart part = schedule_part(p);
   const int row0 = blockIdx.y * C::kRows;
   const int rows_here = min(C::kRows, p.num_rows - row0);
