@@ -290,22 +290,20 @@ def test_wgmma_env_selects_kernel(fmt, monkeypatch):
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla"])
 @pytest.mark.parametrize("block_size,row_pad,packed", [(64, 0, True), (16, 0, True), (64, 16, False), (61, 0, False)])
 def test_fp8_raw_rows_selected(fmt, block_size, row_pad, packed):
-    """The mma.sync fp8 kernels copy raw rows (the third-last template argument) when rows are packed
-    (656 / 576 bytes) and block_size is a multiple of 16: by bulk copies (the second-last argument) on
-    sm90 and newer unless MLA_EXT_DECODE_BULK_ROWS=0, whole tiles from warp 7's descriptors (the last)
-    when block_size is a multiple of 64 unless MLA_EXT_DECODE_BULK_TILES=0, else by cp.async (fp8_ds_mla
-    only); otherwise rows with 4 (fp8) or 8 (fp8_ds_mla) threads each."""
+    """The mma.sync fp8 kernels copy raw rows (the second-last template argument) when rows are packed
+    (656 / 576 bytes) and block_size is a multiple of 16: by bulk copies (the last argument) on sm90
+    and newer unless MLA_EXT_DECODE_BULK_ROWS=0, else by cp.async (fp8_ds_mla only); otherwise rows
+    with 4 (fp8) or 8 (fp8_ds_mla) threads each."""
     if os.environ.get("MLA_EXT_DECODE_ROW_THREADS"):
         pytest.skip("MLA_EXT_DECODE_ROW_THREADS asks for row copies")
     bulk = packed and torch.cuda.get_device_capability() >= (9, 0) and os.environ.get("MLA_EXT_DECODE_BULK_ROWS") != "0"
     raw = bulk or (packed and fmt == "fp8_ds_mla")
-    tiles = bulk and block_size % 64 == 0 and os.environ.get("MLA_EXT_DECODE_BULK_TILES") != "0"
     inp = make_inputs([300, 70], 1, 16, block_size, fmt, row_pad=row_pad, device="cuda")
     names = _decode_kernels_run(lambda: check(inp, causal=True, force_portable=True))
     fp8 = [n for n in names if "decode_split_fp8_kernel" in n]
     assert len(fp8) == 1, names
-    flags = [a.strip() for a in fp8[0].split(">(")[0].split(",")[-3:]]
-    assert flags == [str(raw).lower(), str(bulk).lower(), str(tiles).lower()], names
+    flags = [a.strip() for a in fp8[0].split(">(")[0].split(",")[-2:]]
+    assert flags == [str(raw).lower(), str(bulk).lower()], names
 
 
 def test_cuda_graph_replay():
@@ -422,30 +420,28 @@ def test_fp8_16_rows_portable_kernel(fmt, h_q, dtype):
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla"])
-@pytest.mark.parametrize("block_size", [64, 128, 192])
+@pytest.mark.parametrize("block_size", [16, 64, 128, 192])
 def test_fp8_16_rows_long_pieces(fmt, block_size):
-    """A plan for 3 SMs, so that each CTA walks pieces of up to ~60 tiles that start and end mid-request:
-    where a tile is one page, the bulk copies' descriptor ring (16 per team, refilled 8 at a time by
-    warp 7) wraps several times, and pages hold 1-3 tiles (block_size 192: rows 0, 64, 128)."""
+    """A plan for 3 SMs, so that each CTA of the 16-row fp8 kernel walks several pieces of up to ~60
+    tiles that start and end mid-request (the two teams' stages are reused across pieces, team 1's for
+    the end-of-piece exchange too); pages hold 1-3 tiles (block_size 192: rows 0, 64, 128)."""
     lens = [0, 1, 64 * 37 + 5, 3000, 64 * 16, 641, 2 * 192]
     inp = make_inputs(lens, 1, 16, block_size, fmt, arbitrary_scales=fmt == "fp8_ds_mla", device="cuda")
     plan = mla_ext.get_decode_plan(inp["seq_lens"], 1, 16, fmt, num_sms=3)
     check(inp, causal=True, force_portable=True, plan=plan)
 
 
-@pytest.mark.parametrize("row_threads,tma_tiles,bulk_rows,bulk_tiles",
-                         [("4", "1", "1", "1"), ("8", "1", "1", "1"), ("4", "0", "1", "1"), ("8", "0", "1", "1"),
-                          ("0", "0", "1", "1"), ("0", "0", "1", "0"), ("0", "0", "0", "1")])
-def test_fp8_16_row_loaders(row_threads, tma_tiles, bulk_rows, bulk_tiles):
+@pytest.mark.parametrize("row_threads,tma_tiles,bulk_rows",
+                         [("4", "1", "1"), ("8", "1", "1"), ("4", "0", "1"), ("8", "0", "1"), ("0", "0", "1"), ("0", "0", "0")])
+def test_fp8_16_row_loaders(row_threads, tma_tiles, bulk_rows):
     """Every tile loader of the fp8 16-row kernel: cp.async with 4 or 8 threads per cache row (fp8 uses
     4 by default, MLA_EXT_DECODE_ROW_THREADS forces either), raw fp8_ds_mla rows on the mma.sync path
     (its default where the layout allows; row threads "0" = unset), by bulk copies on sm90 and newer
-    or by cp.async (MLA_EXT_DECODE_BULK_ROWS=0), bulk copies of whole tiles from descriptors where a
-    tile is one page or per-tile lookups by warp 0 (MLA_EXT_DECODE_BULK_TILES=0), and, on sm90 where a
-    tile is one page, TMA (MLA_EXT_DECODE_TMA_TILES=0 turns it off); env read once per process."""
+    or by cp.async (MLA_EXT_DECODE_BULK_ROWS=0), and, on sm90 where a tile is one page, TMA
+    (MLA_EXT_DECODE_TMA_TILES=0 turns it off); env read once per process."""
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, MLA_EXT_DECODE_ROW_THREADS=row_threads, MLA_EXT_DECODE_TMA_TILES=tma_tiles,
-               MLA_EXT_DECODE_BULK_ROWS=bulk_rows, MLA_EXT_DECODE_BULK_TILES=bulk_tiles,
+               MLA_EXT_DECODE_BULK_ROWS=bulk_rows,
                PYTHONPATH=os.pathsep.join([os.path.dirname(here), here, os.environ.get("PYTHONPATH", "")]))
     res = subprocess.run([sys.executable, "-c", _ROW_THREADS_CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stdout[-2000:] + res.stderr[-4000:]

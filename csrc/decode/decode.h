@@ -71,7 +71,6 @@ struct DecodeParams {
   bool tma_tiles;                         // the maps are valid (else the kernel copies with cp.async)
   int tma_box_rows;                       // rows per TMA box: min(64, block_size); 64 % it == 0
   bool bulk_rows;                         // sm90+: the portable fp8 16-row kernel's raw rows by cp.async.bulk
-  bool bulk_tiles;                        // with bulk_rows: whole tiles from descriptors (block_size % 64 == 0)
   const void* __restrict__ q;             // [b, s_q, h_q, 576] bf16/fp16, strides below, 16-B aligned rows
   const void* __restrict__ kv_cache;      // [num_blocks, block_size, row] (row: 576 elems / 576 B / 656 B)
   const int32_t* __restrict__ block_table;  // [b, max_blocks] int32

@@ -88,7 +88,7 @@ inline constexpr int align1024(int bytes) { return (bytes + 1023) / 1024 * 1024;
 enum TmaTiles : int { kTmaNone = 0, kTmaWholePage = 1, kTmaPages = 2 };
 
 template <typename T, CacheFormat kFormat, int kRowThreadsT, bool kQkWgmmaT, int kTmaT = kTmaNone, bool kRawRowsT = false,
-          bool kBulkRowsT = false, bool kBulkTilesT = false>
+          bool kBulkRowsT = false>
 struct Fp8SplitConfig {
   static_assert(kFormat == CacheFormat::kFp8 || kFormat == CacheFormat::kFp8DsMla);
   static constexpr bool kDsMla = kFormat == CacheFormat::kFp8DsMla;
@@ -130,15 +130,6 @@ struct Fp8SplitConfig {
   // of valid rows (stage_row_valid).
   static constexpr bool kBulkRows = kBulkRowsT;
   static_assert(!kBulkRows || kRawRows, "bulk copies move raw rows");
-  // kBulkTiles (bulk copies, block sizes that are multiples of 64: a tile is one page): lane 0 of warp 0
-  // copies each tile in one bulk copy from a descriptor (source, bytes, the quarters' counts) that warp 7
-  // worked out for 8 tiles at a time, two iterations or more ahead, in a ring in shared memory. The page
-  // lookup and the address arithmetic (~90 instructions per tile) leave warp 0, whose copy issue the
-  // whole team waits for at the partial-score barrier; warp 7 spends ~5 instructions per tile on them.
-  static constexpr bool kBulkTiles = kBulkTilesT;
-  static_assert(!kBulkTiles || kBulkRows, "whole-tile descriptors feed bulk copies");
-  static constexpr int kRingTiles = 16;  // descriptors per team; warp 7 refills 8 of them every 8 tiles
-  static constexpr int kRingBatch = 8;
   static_assert(!kRawRows || kDsMla || kBulkRows, "fp8 raw rows come by bulk copies");
   // Cache rows in a stage: chunk c of key k at key_chunk_offset(k, c) (see there): rows of 640
   // bytes (mma.sync path), of 656 / 576 (kRawRows) or five [64 keys][128 B] blocks (wgmma path).
@@ -208,8 +199,7 @@ struct Fp8SplitConfig {
   // q_pe lo-term fragments leave no shared memory for them): that one recomputes them per PV k-step.
   static constexpr bool kPvScaleTile = kDsMla && (kQkWgmma || !kPeLoTerm);
   static constexpr int kPvScaleBytes = kPvScaleTile ? 4 * kBlockN * 2 : 0;
-  static constexpr int kRingBytes = kBulkTiles ? kRingTiles * 16 : 0;  // uint4 per tile (kBulkTiles)
-  static constexpr int kTeamBytesRaw = kStages * kStageBytes + kPBytes + kRedBytes + kExceedBytes + kPvScaleBytes + kRingBytes;
+  static constexpr int kTeamBytesRaw = kStages * kStageBytes + kPBytes + kRedBytes + kExceedBytes + kPvScaleBytes;
   static constexpr int kTeamBytes = kQkWgmma ? align1024(kTeamBytesRaw) : kTeamBytesRaw;
   static constexpr int kOffQ = 0;                            // = team 0's red_s
   static constexpr int kOffRedS1 = kQRedBytes;               // team 1's red_s
@@ -229,7 +219,6 @@ struct Fp8SplitConfig {
   static constexpr int kOffRed = kOffP + kPBytes;
   static constexpr int kOffExceed = kOffRed + kRedBytes;
   static constexpr int kOffPvScale = kOffExceed + kExceedBytes;
-  static constexpr int kOffRing = kOffPvScale + kPvScaleBytes;  // 16-byte aligned (static_assert below)
   static constexpr int kOffTileBars = kOffExceed + 64;        // kTmaTiles, kBulkRows: one 8-byte mbarrier per stage
   static constexpr int kTmaRowBytes = 5 * 128 + (kDsMla ? 16 : 0);  // TMA bytes per cache row
   // End-of-piece exchange (team 1 -> team 0) in team 1's stages: o (32 floats per thread,
@@ -239,7 +228,6 @@ struct Fp8SplitConfig {
   static_assert(kSmemLaunchBytes <= 227 * 1024, "fp8 decode tiles do not fit in shared memory");
   static_assert(!kTmaTiles || kStageKeyBytes + kStageScaleBytes + kBlockN + 4 <= kStageBytes, "flags + 4 summary bytes");
   static_assert((kStageKeyBytes + kStageScaleBytes + kBlockN) % 4 == 0, "the summary bytes are read as one word");
-  static_assert(kOffRing % 16 == 0 && kStageBytes % 16 == 0, "the descriptor ring is read as uint4");
 };
 
 __device__ __forceinline__ int key_swizzle(int key) { return ((key & 1) << 2) | (key & 2) | ((key >> 2) & 1); }
@@ -292,9 +280,9 @@ __device__ __forceinline__ bool stage_row_valid(const uint8_t* flags, int k) {
 }
 
 template <typename T, CacheFormat kFormat, int kRowThreads, bool kQkWgmma, int kTma = kTmaNone, bool kRawRows = false,
-          bool kBulkRows = false, bool kBulkTiles = false>
+          bool kBulkRows = false>
 __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_constant__ DecodeParams p) {
-  using C = Fp8SplitConfig<T, kFormat, kRowThreads, kQkWgmma, kTma, kRawRows, kBulkRows, kBulkTiles>;
+  using C = Fp8SplitConfig<T, kFormat, kRowThreads, kQkWgmma, kTma, kRawRows, kBulkRows>;
   constexpr bool kTmaTiles = C::kTmaTiles;
   using sm80::cp_async16;
   using sm80::mma_16816;
@@ -338,8 +326,8 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
 #endif
   } else if constexpr (C::kBulkRows) {
 #if MLA_DECODE_BULK
-    if (ttid == 0) {  // one arrival per quarter (its issuing thread's expect_tx, or a plain arrival); whole tiles: one
-      for (int s2 = 0; s2 < C::kStages; ++s2) sm90::mbar_init(tile_bar + 8 * s2, C::kBulkTiles ? 1 : 4);
+    if (ttid == 0) {  // one arrival per quarter (its issuing thread's expect_tx, or a plain arrival)
+      for (int s2 = 0; s2 < C::kStages; ++s2) sm90::mbar_init(tile_bar + 8 * s2, 4);
       sm90::mbar_init_fence();
     }
     __syncthreads();
@@ -527,41 +515,6 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       }
 #endif
     };
-    // kBulkTiles: the descriptor of the team's local tile l (tile tile_begin + team + 2 l) lies in its ring at
-    // l % kRingTiles: x, y the source address, z the bytes (its valid rows), w the quarters' counts of valid rows
-    // (the stage's row flags). ring_page reads the page of local tile l; ring_store writes the descriptor.
-    uint4* const ring = reinterpret_cast<uint4*>(team_smem + C::kOffRing);
-    auto ring_page = [&](int l) {
-      const int t = tile_begin + team + C::kTeams * l;
-      return t < tile_end ? cache_page(p, bt, t * kBlockN, kv_len) : -1;
-    };
-    auto ring_store = [&](int l, int page) {
-      const int k0 = (tile_begin + team + C::kTeams * l) * kBlockN;
-      const bool page_ok = page >= 0 && page < p.num_blocks;  // (page >= 0: k0 < kv_len)
-      const int n_valid = page_ok ? min(kBlockN, kv_len - k0) : 0;
-      uint32_t counts = 0;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) counts |= uint32_t(min(max(n_valid - 16 * q, 0), 16)) << (8 * q);
-      const uint64_t src = reinterpret_cast<uint64_t>(p.kv_cache) +
-                           (page_ok ? uint64_t(int64_t(page) * p.stride_cache_block_bytes +
-                                               int64_t(p.block_div.mod(k0, p.block_div.div(k0))) * C::kRawRowBytes)
-                                    : 0);
-      ring[unsigned(l) % C::kRingTiles] = make_uint4(uint32_t(src), uint32_t(src >> 32), uint32_t(n_valid * C::kRawRowBytes), counts);
-    };
-    // Lane 0 of warp 0: local tile l into `stage` from its descriptor (row flags, expect_tx, one bulk copy).
-    auto issue_ring = [&](int l, int stage) {
-#if MLA_DECODE_BULK
-      const uint4 d = ring[unsigned(l) % C::kRingTiles];
-      *reinterpret_cast<uint32_t*>(team_smem + C::kOffStages + stage * C::kStageBytes + C::kStageKeyBytes) = d.w;
-      const uint32_t bar = tile_bar + 8 * stage;
-      if (d.z > 0) {
-        sm90::mbar_arrive_expect_tx(bar, d.z);
-        sm90::bulk_load(stage_base + stage * C::kStageBytes, reinterpret_cast<const void*>((uint64_t(d.y) << 32) | d.x), d.z, bar);
-      } else {
-        sm90::mbar_arrive(bar);  // an invalid page: nothing to copy
-      }
-#endif
-    };
     using TileCopy = std::conditional_t<C::kRawRows, RawCopy, RowCopy>;
     auto prepare_copy = [&](int t, int stage, const Pages& pg) {
       if constexpr (C::kRawRows) return prepare_raw(t, stage, pg);
@@ -663,13 +616,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       load_q_rows<T, C::kRows, C::kThreads>(p, req, row0, rows_here, tid, smem_addr(smem + C::kOffQ),
                                             [](int r, int c) { return uint32_t(r * C::kQStride + 16 * c); });
       sm80::cp_async_commit();
-      if constexpr (C::kBulkTiles) {
-        if (warp == 0) {  // the ring's first 8 descriptors (warp 7 refills it in the tile loop), then tile 0
-          if (lane < C::kRingBatch) ring_store(lane, ring_page(lane));
-          __syncwarp();
-          if (lane == 0 && team < num_tiles) issue_ring(0, 0);
-        }
-      } else if (team < num_tiles) {
+      if (team < num_tiles) {
         if constexpr (kTmaTiles) issue_tile(tile_begin + team, 0, tma_page_of(tile_begin + team));
         else load_tile(tile_begin + team, 0, page_of(tile_begin + team));
       }
@@ -761,10 +708,9 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
 
     // ---- the team's tiles: i = team, team + 2, ...; local index li = i / 2, stage li % 2.
     Pages next_page{};
-    int tma_page = -1;     // kTmaTiles: the page of the team's next tile to copy
-    int refill_page = -1;  // kBulkTiles, warp 7: the page of local tile li + 8 + lane, read when li % 8 == 0
+    int tma_page = -1;  // kTmaTiles: the page of the team's next tile to copy
     if constexpr (kTmaTiles) tma_page = tma_page_of(tile_begin + team + C::kTeams);
-    else if constexpr (!C::kBulkTiles) next_page = page_of(tile_begin + team + C::kTeams);
+    else next_page = page_of(tile_begin + team + C::kTeams);
     for (int i = team; i < num_tiles; i += C::kTeams) {
       const int li = i / C::kTeams, stage = li % C::kStages;
       uint8_t* const st = team_smem + C::kOffStages + stage * C::kStageBytes;
@@ -825,16 +771,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       team_sync();  // tile i landed for the team; the team is done with its previous tile
       const bool load_next = i + C::kTeams < num_tiles;
       TileCopy next_copy{};
-      if constexpr (C::kBulkTiles) {
-        if (load_next && ttid == 0) issue_ring(li + 1, (li + 1) % C::kStages);
-        // The refill (warp-uniform branches): descriptors of local tiles li + 7 .. + 14 from the pages read one
-        // iteration ago, replacing those of tiles li - 9 .. li - 2, all issued by now; tile li + 7 goes out at
-        // iteration li + 6.
-        if (warp == 7 && lane < C::kRingBatch) {
-          if (unsigned(li) % C::kRingBatch == 1) ring_store(li - 1 + C::kRingBatch + lane, refill_page);
-          if (unsigned(li) % C::kRingBatch == 0) refill_page = ring_page(li + C::kRingBatch + lane);
-        }
-      } else if constexpr (C::kBulkRows) {
+      if constexpr (C::kBulkRows) {
         if (load_next && warp == 0) {  // (a warp-uniform branch: the other warps skip it)
           issue_bulk(tile_begin + i + C::kTeams, (li + 1) % C::kStages, next_page);
           next_page = page_of(tile_begin + i + 2 * C::kTeams);
@@ -1265,12 +1202,6 @@ void launch_decode_split_fp8(const DecodeParams& p) {
     }
   }
   if constexpr (!kQkWgmma) {
-    if (decode_raw_rows<kFormat>(p) && p.bulk_tiles) {  // (p.bulk_tiles: bulk_rows, and a tile is one page)
-      using C = Fp8SplitConfig<T, kFormat, 8, false, kTmaNone, true, true, true>;
-      launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8, false, kTmaNone, true, true, true>, C::kThreads,
-                          C::kSmemLaunchBytes, what, p);
-      return;
-    }
     if (decode_raw_rows<kFormat>(p) && p.bulk_rows) {
       using C = Fp8SplitConfig<T, kFormat, 8, false, kTmaNone, true, true>;
       launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8, false, kTmaNone, true, true>, C::kThreads, C::kSmemLaunchBytes,

@@ -67,12 +67,6 @@ bool bulk_rows_enabled() {
   static const bool enabled = !env_switched_off("MLA_EXT_DECODE_BULK_ROWS");
   return enabled;
 }
-// MLA_EXT_DECODE_BULK_TILES=0: with bulk copies, warp 0 looks up each tile's page itself instead of
-// taking warp 7's descriptors (kBulkTiles; comparisons, tests; read once).
-bool bulk_tiles_enabled() {
-  static const bool enabled = !env_switched_off("MLA_EXT_DECODE_BULK_TILES");
-  return enabled;
-}
 
 }  // namespace
 
@@ -81,7 +75,6 @@ void run_decode_split_portable(const DecodeParams& params, int sm_version, bool 
   p.block_div = FastDivmod(p.block_size);  // every kernel maps key positions to pages with it
   p.tma_tiles = false;
   p.bulk_rows = sm_version >= 90 && bulk_rows_enabled();
-  p.bulk_tiles = p.bulk_rows && p.block_size % kBlockN == 0 && bulk_tiles_enabled();
   const int block_m = block_m_for(p.num_rows, p.format);
   MLA_DISPATCH_HALF_TYPES(p.q_dtype, "q", [&] {
     MLA_DISPATCH_CACHE_FORMAT(p.format, [&] {
