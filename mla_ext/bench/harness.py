@@ -4,9 +4,12 @@ Method (``/work/.library/device/METHOD.md`` style): every timed call starts with
 buffer twice the L2 size is *read* first, so the L2 holds none of the op's data and no dirty
 lines: a write-based flush leaves the L2 full of dirty lines whose write-back is charged to the
 timed kernel, a large distortion for ops that move ~100 MB, and a small one for the 1 GiB copy
-roofline; ``Timer(flush="write")`` measures that way for comparison), warm-up calls run before
-timing, each call is
-timed with CUDA events, and the median of many is reported. The two ceilings every figure is
+roofline; ``Timer(flush="write")`` measures that way for comparison), each case first runs its
+timed loop untimed for 100 ms (warm-up by time, as ``triton.testing.do_bench`` does; ``Timer(warmup_ms=0)``
+keeps only the 5 warm-up calls), each call is timed with CUDA events, and the median of many is reported.
+(Why by time: a freshly built fp8_ds_mla decode case ran 2.5-3.5% slower in its first ~50 calls than after
+100 ms of them, or after 0.5 s of idle GPU, on an H200 whose clocks stayed at 1980 MHz; bf16 and fp8 did not
+move: bench/results/logs/s17_ring.) The two ceilings every figure is
 compared against are measured in the same run: device-to-device copy bandwidth (bytes read +
 written) and the bf16 matmul rate (random data). Each op's section is wrapped in an NVTX range so
 Nsight Systems / Compute can select its kernels (``--nvtx --nvtx-include "mla_ext.<case>/"``).
@@ -71,12 +74,13 @@ class Row:
 class Timer:
     """Cold-L2, event-timed, median-of-many timing on the current CUDA device."""
 
-    def __init__(self, warmup: int = 5, iters: int = 50, flush: str = "read"):
+    def __init__(self, warmup: int = 5, iters: int = 50, flush: str = "read", warmup_ms: float = 100.0):
         if flush not in ("read", "write"):
             raise ValueError(f"flush must be 'read' or 'write', got {flush!r}")
         self.warmup = warmup
         self.iters = iters
         self.flush = flush
+        self.warmup_ms = warmup_ms
         l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
         self._flush = torch.ones(max(2 * l2, 64 << 20) // 4, dtype=torch.float32, device="cuda")
         self._sink = torch.empty((), dtype=torch.float32, device="cuda")
@@ -97,6 +101,8 @@ class Timer:
         """
         for _ in range(self.warmup):
             fn()
+        if self.warmup_ms > 0:
+            self._run_for(fn, self.warmup_ms)
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
         with torch.cuda.nvtx.range(f"mla_ext.{name}"):
@@ -110,6 +116,22 @@ class Timer:
                 ends[i].record()
         torch.cuda.synchronize()
         return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+
+    def _step(self, fn: Callable[[], object]) -> None:
+        self.flush_l2()
+        torch.cuda._sleep(50_000)
+        fn()
+
+    def _run_for(self, fn: Callable[[], object], ms: float) -> None:
+        """The timed loop's steps (flush, spin, call), untimed, for about ``ms`` milliseconds of GPU time."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(3):
+            self._step(fn)
+        end.record()
+        end.synchronize()
+        for _ in range(int(ms / max(start.elapsed_time(end) / 3, 1e-3))):
+            self._step(fn)
 
 
 def measure_roofline(timer: Timer) -> Roofline:
@@ -179,7 +201,7 @@ def write_results(name: str, rows: list[Row], roofline: Roofline, out_dir: str, 
         "",
         f"{doc['date']}, {doc['gpu']}, commit {commit}, torch {doc['torch']}. Roofline measured in the same run: "
         f"copy {roofline.copy_GBps:.0f} GB/s, bf16 matmul {roofline.bf16_mm_TFLOPS:.0f} TFLOPS. "
-        "Median of many, L2 cold.",
+        "Median of many, L2 cold, 100 ms warm-up per case.",
         "",
         format_table(rows),
     ]
