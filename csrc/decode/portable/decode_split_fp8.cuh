@@ -115,9 +115,9 @@ struct Fp8SplitConfig {
   // keys themselves are the swizzle. QK^T then pairs keys 4 apart in each quarter-warp (qk_key)
   // and PV takes the natural key order.
   // fp8 raw rows (packed at 576 bytes, four chunks past a multiple of 128: chunk c of key k at place
-  // (4 k + c) % 8) come by bulk copies only (kBulkRows); QK^T pairs adjacent keys, and PV reads keys
-  // qd + 4 e (pv_key): four places per half-warp, 2-way conflicts. Still 1.3% faster than the 4-thread
-  // row copies (logs/s15_fp8_raw).
+  // (4 k + c) % 8) come by bulk copies only (kBulkRows); QK^T pairs adjacent keys, and PV takes an even
+  // and an odd key of each half of the tile per half-warp (pv_tile_key), whose rows lie 32 bytes apart
+  // (kRowHalfShift): conflict-free. (Keys qd + 4 e of one quarter had 2-way conflicts, logs/s15_fp8_raw.)
   static constexpr bool kRawRows = kRawRowsT;
   static_assert(!kRawRows || !kQkWgmma, "raw rows: the mma.sync path");
   static constexpr int kRawRowBytes = kDsMla ? kDsMlaRowBytes : kLatentDim;  // 656 or 576
@@ -172,7 +172,12 @@ struct Fp8SplitConfig {
   static constexpr int kRedSBytes = kScoreGroups * kRows * kRedSStride * 4;
   static constexpr int kQBytes = kRows * kQStride;
   static constexpr int kQRedBytes = kQBytes > kRedSBytes ? kQBytes : kRedSBytes;
-  static constexpr int kStageKeyBytes = kBlockN * (kRawRows ? kRawRowBytes : kKeyBytes);  // 40 KB; raw 41 / 36 KB
+  // fp8 raw rows: rows 32-63 of a stage lie 32 bytes further on. A 576-byte row is 64 bytes past a multiple of 128, so
+  // rows k and k + 2 share banks, and the natural PV order had 2-way conflicts; with the shift, the 4 keys that a
+  // half-warp's PV load takes (an even and an odd key of each half: pv_tile_key) lie 0, 64, 32, 96 bytes apart. A whole
+  // tile then comes in two bulk copies, one per half.
+  static constexpr int kRowHalfShift = kRawRows && !kDsMla ? 32 : 0;
+  static constexpr int kStageKeyBytes = kBlockN * (kRawRows ? kRawRowBytes : kKeyBytes) + kRowHalfShift;  // 40 KB; raw 41 / 36 KB
   static constexpr int kStageScaleBytes = kDsMla && !kRawRows ? kBlockN * 16 : 0;            // fp32 [64][4]
   // fp8_ds_mla: scale of key k, tile t at byte kScaleOffset + kScaleRowBytes k + 4 t of a stage.
   static constexpr int kScaleOffset = kRawRows ? kDsMlaScaleOffset : kStageKeyBytes;
@@ -240,11 +245,16 @@ __device__ __forceinline__ int chunk_swizzle(int key) {
   return kQkWgmma ? key % 8 : key_swizzle(key);
 }
 
+// Byte offset of raw row r in a stage (kRawRows; fp8: rows 32-63 shifted by kRowHalfShift).
+template <typename C>
+__device__ __forceinline__ uint32_t raw_row_offset(int r) {
+  return r * C::kRawRowBytes + C::kRowHalfShift * (r / 32);
+}
 // Byte offset of 16-byte chunk c (c % 8 = its place among 8) of key k in a stage. (Raw rows: the
 // cache row's own chunks, k_pe from chunk 33 on.)
 template <typename C>
 __device__ __forceinline__ uint32_t key_chunk_offset(int key, int chunk) {
-  if constexpr (C::kRawRows) return key * C::kKeyStride + 16 * chunk;
+  if constexpr (C::kRawRows) return raw_row_offset<C>(key) + 16 * chunk;
   return key * C::kKeyStride + (chunk / 8) * C::kBlockStride + (((chunk % 8) ^ chunk_swizzle<C::kQkWgmma>(key)) << 4);
 }
 
@@ -264,11 +274,19 @@ template <typename C>
 __device__ __forceinline__ int qk_key(int c) {
   return C::kRawRows && C::kDsMla ? key_swizzle(c) : c;  // (fp8 raw rows: adjacent keys, 4 places apart)
 }
+// fp8 raw rows (kRowHalfShift): PV k-step ks takes, for thread qd, keys 32 (qd / 2) + qd % 2 + 8 ks + 2 e (e = 0..3):
+// an even and an odd key of each half of the tile per half-warp load (conflict-free with the shift).
+__device__ __forceinline__ int pv_tile_key(int ks, int qd, int e) { return 32 * (qd / 2) + qd % 2 + 8 * ks + 2 * e; }
 // Column of key k (of 64) in the P tile: pairs (pv_key(qd, 0), pv_key(qd, 1)) at 2 qd, (.., 2 | 3)
-// at 2 qd + 8 of each 16, so that the A fragment is four 32-bit loads (e4m3::load_pv_a).
-template <bool kNaturalPv>
+// at 2 qd + 8 of each 16, so that the A fragment is four 32-bit loads (e4m3::load_pv_a); with the
+// half shift, column 16 ks + 8 (e / 2) + 2 qd + e % 2 holds pv_tile_key(ks, qd, e).
+template <typename C>
 __device__ __forceinline__ int p_column(int k) {
-  return kNaturalPv ? k : 8 * (k / 8) + 2 * (k % 4) + (k % 8) / 4;
+  if constexpr (C::kRowHalfShift != 0) {
+    const int qd = 2 * (k / 32) + k % 2, r = (k % 32) / 2;  // r = 4 ks + e
+    return 16 * (r / 4) + 8 * ((r % 4) / 2) + 2 * qd + r % 2;
+  }
+  return C::kNaturalPv ? k : 8 * (k / 8) + 2 * (k % 4) + (k % 8) / 4;
 }
 
 // Whether key k of a stage holds a valid cache row: its flag byte, or with bulk copies (kBulkRows) whether
@@ -501,15 +519,17 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       const int n_valid = page_ok ? min(16, kv_len - k0) : 0;
       st[C::kStageKeyBytes + raw_q] = n_valid;
       const uint32_t bar = tile_bar + 8 * stage;
-      // Rows this thread copies: its quarter's, or thread 0 the whole tile's (on one page, the page of
-      // quarter 0: rows past the sequence are the only invalid ones).
+      // Rows this thread copies: its quarter's, or when the tile is one page (rows past the sequence are
+      // the only invalid ones) thread 0 the whole tile's, fp8 threads 0 and 2 a half each (kRowHalfShift).
       const bool whole_tile = p.block_size % kBlockN == 0;  // (from the parameters: no register through the loop)
-      const int rows = !whole_tile ? n_valid : raw_q == 0 && page_ok ? min(kBlockN, kv_len - k0) : 0;
+      constexpr int kCopyRows = C::kRowHalfShift != 0 ? kBlockN / 2 : kBlockN;
+      const bool copies = C::kRowHalfShift != 0 ? raw_q % 2 == 0 : raw_q == 0;
+      const int rows = !whole_tile ? n_valid : copies && page_ok ? min(kCopyRows, kv_len - k0) : 0;
       if (rows > 0) {
         const auto* const src = static_cast<const uint8_t*>(p.kv_cache) + int64_t(page) * p.stride_cache_block_bytes +
                                 int64_t(p.block_div.mod(k0, p.block_div.div(k0))) * C::kRawRowBytes;
         sm90::mbar_arrive_expect_tx(bar, rows * C::kRawRowBytes);
-        sm90::bulk_load(stage_base + stage * C::kStageBytes + 16 * raw_q * C::kRawRowBytes, src, rows * C::kRawRowBytes, bar);
+        sm90::bulk_load(stage_base + stage * C::kStageBytes + raw_row_offset<C>(16 * raw_q), src, rows * C::kRawRowBytes, bar);
       } else {
         sm90::mbar_arrive(bar);  // nothing (more) to copy
       }
@@ -759,7 +779,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         if (*reinterpret_cast<const uint32_t*>(flags) != 0x10101010u) {  // some quarter with fewer than 16 rows
           for (int idx = ttid; idx < kBlockN * C::kRawRowChunks; idx += C::kTeamThreads) {
             const int r = idx / C::kRawRowChunks, c = idx % C::kRawRowChunks;
-            if (!stage_row_valid<C>(flags, r)) *reinterpret_cast<uint4*>(st + r * C::kRawRowBytes + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
+            if (!stage_row_valid<C>(flags, r)) *reinterpret_cast<uint4*>(st + raw_row_offset<C>(r) + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
           }
           sm90::fence_proxy_async_smem();
         }
@@ -863,7 +883,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
           for (int e = 0; e < 4; ++e) part[nt][e] = 0.f;
         // Chunk swizzle of the keys this thread loads (all with key % 8 == qk_key(grp)); raw rows: none.
         const int fk = C::kRawRows ? 0 : key_swizzle(grp);
-        const uint32_t qk_row = kbase + (32 * kh + qk_key<C>(grp)) * C::kKeyStride;
+        const uint32_t qk_row = kbase + (32 * kh + qk_key<C>(grp)) * C::kKeyStride + C::kRowHalfShift * kh;
         auto load_qa = [&](int s, uint32_t (&a)[4]) {
           const uint4 v = e4m3::lds128(qfrag + s * kQFragStepBytes);
           a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
@@ -963,7 +983,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       // P must be redone with the new maximum, which the row maxima in `red` already give.
       bool exceed = false;
       float pk[4];
-      const int pcol0 = p_column<C::kNaturalPv>(ka), pcol1 = p_column<C::kNaturalPv>(kb);
+      const int pcol0 = p_column<C>(ka), pcol1 = p_column<C>(kb);
       auto write_p = [&](int h, float p0, float p1) {
         if constexpr (kQkWgmma) {  // natural order, kb = ka + 1: one word
           *reinterpret_cast<__half2*>(p_tile + (grp + 8 * h) * C::kPStride + pcol0) = __floats2half2_rn(p0, p1);
@@ -985,7 +1005,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       if (lane == 0) exceed_s[warp] = warp_exceeds;
       if constexpr (C::kPvScaleTile) {  // warps 2 vt, 2 vt + 1: keys 32 (warp % 2) + lane of tile vt
         const int k = 32 * (warp % 2) + lane;
-        pv_scale_s[vt * kBlockN + p_column<C::kNaturalPv>(k)] = __float2half_rn(scale_of(k, vt) * v_inv);
+        pv_scale_s[vt * kBlockN + p_column<C>(k)] = __float2half_rn(scale_of(k, vt) * v_inv);
       }
       team_sync();
 
@@ -1026,7 +1046,9 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       // Keys 16 ks + pv_key(qd, e) (pv_key(qd, e + 2) = pv_key(qd, e) + 8): the offset of e % 2
       // here, 8 (e / 2) keys added per load.
       const int pv_chunk = 4 * warp + grp / 2;
-      const uint32_t pv_off[2] = {key_chunk_offset<C>(pv_key<C::kNaturalPv>(qd, 0), pv_chunk) + 8 * (grp % 2),
+      // (half shift: pv_tile_key(ks, qd, e) = pv_tile_key(0, qd, 0) + 8 ks + 2 e, in the same half: pv_off[0] only)
+      const uint32_t pv_off[2] = {key_chunk_offset<C>(C::kRowHalfShift != 0 ? pv_tile_key(0, qd, 0) : pv_key<C::kNaturalPv>(qd, 0),
+                                                      pv_chunk) + 8 * (grp % 2),
                                   key_chunk_offset<C>(pv_key<C::kNaturalPv>(qd, 1), pv_chunk) + 8 * (grp % 2)};
 #pragma unroll
       for (int ks = 0; ks < kBlockN / 16; ++ks) {
@@ -1055,7 +1077,8 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         uint2 wk[4];  // dims 64 warp + 8 grp .. + 7 of keys 16 ks + pv_key(qd, e)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          wk[e] = e4m3::lds64(kbase + (16 * ks + 8 * (e / 2)) * C::kKeyStride + pv_off[e % 2]);
+          wk[e] = C::kRowHalfShift != 0 ? e4m3::lds64(kbase + (8 * ks + 2 * e) * C::kKeyStride + pv_off[0])
+                                        : e4m3::lds64(kbase + (16 * ks + 8 * (e / 2)) * C::kKeyStride + pv_off[e % 2]);
 #pragma unroll
         for (int S = 0; S < 2; ++S) {
           const uint32_t w[4] = {S ? wk[0].y : wk[0].x, S ? wk[1].y : wk[1].x, S ? wk[2].y : wk[2].x, S ? wk[3].y : wk[3].x};
