@@ -1074,7 +1074,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
             pa[2 + rr] = e4m3::hmul2_bits(pa[2 + rr], v23);
           }
         }
-        uint2 wk[4];  // dims 64 warp + 8 grp .. + 7 of keys 16 ks + pv_key(qd, e)
+        uint2 wk[4];  // dims 64 warp + 8 grp .. + 7 of keys 16 ks + pv_key(qd, e) (half shift: pv_tile_key(ks, qd, e))
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           wk[e] = C::kRowHalfShift != 0 ? e4m3::lds64(kbase + (8 * ks + 2 * e) * C::kKeyStride + pv_off[0])
