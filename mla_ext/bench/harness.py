@@ -107,19 +107,21 @@ class Timer:
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
         with torch.cuda.nvtx.range(f"mla_ext.{name}"):
             for i in range(self.iters):
-                self.flush_l2()
-                # ~25 us of GPU spin after the flush: the host launches fn() before the GPU gets
-                # there, so small ops are not charged the host's launch latency.
-                torch.cuda._sleep(50_000)
+                self._lead_in()
                 starts[i].record()
                 fn()
                 ends[i].record()
         torch.cuda.synchronize()
         return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
 
-    def _step(self, fn: Callable[[], object]) -> None:
+    def _lead_in(self) -> None:
+        """The L2 flush, then ~25 us of GPU spin: the host launches the timed call before the GPU gets
+        there, so small ops are not charged the host's launch latency."""
         self.flush_l2()
         torch.cuda._sleep(50_000)
+
+    def _step(self, fn: Callable[[], object]) -> None:
+        self._lead_in()
         fn()
 
     def _run_for(self, fn: Callable[[], object], ms: float) -> None:
