@@ -4,7 +4,7 @@
 # Then bench/gpu_check.sh's bench part on the full build of main (mla_ext/_C.abi3.so as carried).
 set -u
 L=$OUT/logs; mkdir -p $L
-cp mla_ext/_C.abi3.so /tmp/main.so
+xz -dkc .variants/main.so.xz > /tmp/main.so
 for v in base half32 order0 half64 half96; do xz -dkc .variants/$v.so.xz > .variants/$v.so; done
 K='small_whole_tile and 64-fp8]'
 run_case() {  # variant, extra sanitizer flags, log suffix
