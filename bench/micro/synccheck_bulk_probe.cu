@@ -6,40 +6,21 @@
 // mbarrier per stage (4 arrivals: lanes 0-3 of the team's warp 0, each arrive.expect_tx + one bulk copy
 // of its 16 rows, or a plain arrival), the team waits on the stage's parity and syncs on a named
 // barrier, then reads the stage. Standalone (no torch):
-//   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/bulk_probe bench/micro/synccheck_bulk_probe.cu
+//   nvcc -O3 -std=c++17 -arch=sm_90a -Icsrc -o /tmp/bulk_probe bench/micro/synccheck_bulk_probe.cu
 //   compute-sanitizer --tool synccheck /tmp/bulk_probe <shift> <whole>
 // shift: bytes by which rows 32-63 of a stage move on (0, 16, 32, 128); whole: 1 = lanes 0 and 2 copy
 // 32 rows each and lanes 1 and 3 arrive without bytes, 0 = each lane its quarter's 16 rows.
+// On the H200 it passes synccheck at every shift, whole or quarter copies; the kernel's fault went away
+// with `--num-cuda-barriers 4096` (the tool's table of tracked barriers: bench/results/logs/s18_synccheck).
 #include <cstdio>
 #include <cstdlib>
 #include <cstdint>
 #include <cuda_runtime.h>
 
-constexpr int kRowBytes = 576, kRows = 64, kStages = 2, kTeamThreads = 256;
+#include "absorb/sm90/tma.cuh"  // the kernel's own mbarrier and bulk-copy instructions (sm90::)
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t c) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(c) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-__device__ __forceinline__ void team_sync(int team) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + team), "r"(kTeamThreads) : "memory");
-}
+using namespace mla;
+constexpr int kRowBytes = 576, kRows = 64, kStages = 2, kTeamThreads = 256;
 
 __global__ void __launch_bounds__(512, 1) probe(const uint8_t* cache, float* out, int tiles, int shift, int whole) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -50,22 +31,23 @@ __global__ void __launch_bounds__(512, 1) probe(const uint8_t* cache, float* out
   const uint32_t stage_base = static_cast<uint32_t>(__cvta_generic_to_shared(team_smem));
   const uint32_t bar0 = stage_base + kStages * stage_bytes + 2304 + 512 + 64;
   if (ttid == 0) {
-    for (int s = 0; s < kStages; ++s) mbar_init(bar0 + 8 * s, 4);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    for (int s = 0; s < kStages; ++s) sm90::mbar_init(bar0 + 8 * s, 4);
+    sm90::mbar_init_fence();
   }
   __syncthreads();
   auto row_offset = [&](int r) { return r * kRowBytes + shift * (r / 32); };
   auto issue = [&](int t, int stage) {
     if (ttid >= 4) return;
-    const int q = ttid, bar = bar0 + 8 * stage;
+    const int q = ttid;
+    const uint32_t bar = bar0 + 8 * stage;
     const bool copies = whole ? q % 2 == 0 : true;
     const int rows = copies ? (whole ? 32 : 16) : 0;
     const uint8_t* src = cache + (int64_t(2 * t + team) * kRows + 16 * q) * kRowBytes;
     if (rows > 0) {
-      mbar_arrive_expect_tx(bar, rows * kRowBytes);
-      bulk_load(stage_base + stage * stage_bytes + row_offset(16 * q), src, rows * kRowBytes, bar);
+      sm90::mbar_arrive_expect_tx(bar, rows * kRowBytes);
+      sm90::bulk_load(stage_base + stage * stage_bytes + row_offset(16 * q), src, rows * kRowBytes, bar);
     } else {
-      mbar_arrive(bar);
+      sm90::mbar_arrive(bar);
     }
   };
   if (ttid < 32) issue(0, 0);
@@ -73,9 +55,9 @@ __global__ void __launch_bounds__(512, 1) probe(const uint8_t* cache, float* out
   float acc = 0.f;
   for (int i = 0; i < tiles; ++i) {
     const int stage = i % kStages;
-    mbar_wait(bar0 + 8 * stage, (phase >> stage) & 1);
+    sm90::mbar_wait(bar0 + 8 * stage, (phase >> stage) & 1);
     phase ^= 1u << stage;
-    team_sync(team);  // the team is done with the previous tile: its stage may be refilled
+    sm80::named_barrier(1 + team, kTeamThreads);  // the team is done with the previous tile: its stage may be refilled
     if (i + 1 < tiles && ttid < 32) issue(i + 1, (i + 1) % kStages);
     const uint8_t* st = team_smem + stage * stage_bytes;
     for (int r = ttid / 4; r < kRows; r += kTeamThreads / 4) acc += st[row_offset(r) + 16 * (ttid % 4)];
