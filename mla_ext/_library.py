@@ -24,3 +24,12 @@ def _find_library() -> str:
 
 LIBRARY_PATH = _find_library()
 torch.ops.load_library(LIBRARY_PATH)
+
+
+def set_force_portable(mode: int) -> None:
+    """Force the portable kernels (mode 1), the architecture-specific ones where they exist (0),
+    or go back to the ``MLA_EXT_FORCE_PORTABLE`` environment variable's value (-1). Process-wide;
+    for tests and benchmarks that run both paths in one process."""
+    import ctypes
+
+    ctypes.CDLL(LIBRARY_PATH).mla_ext_set_force_portable(ctypes.c_int(mode))

@@ -2,7 +2,6 @@
 // the weight dtype.
 #include "absorb/absorb.h"
 
-#include <cstdlib>
 #include <string>
 
 #include "absorb/absorb_gemm.h"
@@ -33,14 +32,7 @@ void run_tiers(const AbsorbParams& p) {
   }
 }
 
-// v_up's kernels. MLA_EXT_VUP_KERNEL forces one (tests run every kernel at every size with it;
-// the benchmark's --sweep-v-up measures each at every size):
-//   ksplit, wgmma, tma128, tma64, tiles   (tiles: the tier by T)
-//   tma128p, tma64p       the resident-weight TMA kernel with the paced schedule (absorb_gemm.h)
-//   tmas                  the TMA kernel with streamed weights, BN by T and H as below
-//   tmas:64xBN            ... with BN = 32, 64 or 128. bf16 weights only: e4m3 weights take the
-//                         resident-weight 64-row TMA kernel.
-// otherwise the fastest measured on the H200 at the benchmarked T (README.md has the numbers):
+// v_up's kernels, the fastest measured on the H200 at each benchmarked T (README.md has the numbers):
 //   sm90, bf16 weights, T > 16 (H < 96) or T > 32 (H >= 96), H * ceil(T / 64) <= the SM count:
 //            the streamed-weight TMA kernel, 64-row tiles, BN = 32, 64 or 128 for about one CTA
 //            per SM (H = 16: T <= 128 BN = 32, T <= 256 BN = 64; H = 128, T <= 64: BN = 128);
@@ -50,37 +42,17 @@ void run_tiers(const AbsorbParams& p) {
 //   H >= 96: T <= 32 the tiles (one CTA per head, all of K in flight); on sm90 T <= 64 TMA
 //            64 x 128 tiles, T <= 128 the cp.async wgmma kernel, T <= 256 TMA 64 x 128 tiles
 //            with the paced schedule (bf16 weights; e4m3 weights TMA 128 x 128 tiles), beyond
-//            TMA 128 x 128 tiles; elsewhere (sm100, MLA_EXT_FORCE_PORTABLE=1) the tiles.
+//            TMA 128 x 128 tiles; elsewhere (sm100, forced portable) the tiles.
 enum class VUpKernel { kKSplit, kWgmma, kTma128, kTma64, kTiles, kTmaStream };
 
 struct VUpChoice {
   VUpKernel kernel;
-  int stream_bn = 0;  // kTmaStream only: 32, 64, 128, or 0 for by T and H
   absorb::TmaVUpSchedule schedule = absorb::TmaVUpSchedule::kDefault;  // kTma128, kTma64
 };
 
-VUpChoice forced_v_up_kernel(const std::string& name, const DeviceInfo& info) {
-  const bool sm90_only = name == "wgmma" || name.rfind("tma", 0) == 0;
-  MLA_HOST_CHECK(!sm90_only || info.sm_version == 90, "MLA_EXT_VUP_KERNEL=" + name + " needs sm90");
-  if (name == "ksplit") return {VUpKernel::kKSplit};
-  if (name == "wgmma") return {VUpKernel::kWgmma};
-  if (name == "tma128") return {VUpKernel::kTma128};
-  if (name == "tma64") return {VUpKernel::kTma64};
-  if (name == "tma128p") return {VUpKernel::kTma128, 0, absorb::TmaVUpSchedule::kPaced};
-  if (name == "tma64p") return {VUpKernel::kTma64, 0, absorb::TmaVUpSchedule::kPaced};
-  if (name == "tmas") return {VUpKernel::kTmaStream};
-  for (int bn : {32, 64, 128})
-    if (name == "tmas:64x" + std::to_string(bn)) return {VUpKernel::kTmaStream, bn};
-  MLA_HOST_CHECK(name == "tiles", "MLA_EXT_VUP_KERNEL must be ksplit, wgmma, tma128, tma64, tiles, tmas, "
-                                  "tma128p, tma64p or tmas:64x32 / tmas:64x64 / tmas:64x128, got " + name);
-  return {VUpKernel::kTiles};
-}
-
 VUpChoice pick_v_up_kernel(const AbsorbParams& p) {
   const DeviceInfo& info = device_info(p.device);
-  const bool sm90 = info.sm_version == 90 && !force_portable_from_env();
-  const char* forced = std::getenv("MLA_EXT_VUP_KERNEL");
-  if (forced != nullptr && forced[0] != '\0') return forced_v_up_kernel(forced, info);
+  const bool sm90 = info.sm_version == 90 && !force_portable();
   const int64_t t = p.num_tokens;
   // bf16 weights, past the smallest T, while 64-row tiles of all heads fit in one wave: the
   // streamed-weight TMA kernel with BN for about one CTA per SM.
@@ -95,11 +67,11 @@ VUpChoice pick_v_up_kernel(const AbsorbParams& p) {
   if (t <= 32 || !sm90) return {VUpKernel::kTiles};
   if (t <= 64) return {VUpKernel::kTma64};
   if (t <= 128) return {VUpKernel::kWgmma};
-  if (t <= 256 && bf16) return {VUpKernel::kTma64, 0, absorb::TmaVUpSchedule::kPaced};
+  if (t <= 256 && bf16) return {VUpKernel::kTma64, absorb::TmaVUpSchedule::kPaced};
   return {VUpKernel::kTma128};
 }
 
-// The streamed-weight kernel's BN when none was forced: 64-row tiles, BN for about one CTA per SM.
+// The streamed-weight kernel's BN: 64-row tiles, BN for about one CTA per SM.
 int auto_stream_bn(const AbsorbParams& p) {
   const int64_t ctas = p.num_heads * ((p.num_tokens + 63) / 64);
   const int64_t room = device_info(p.device).num_sms / ctas;
@@ -120,11 +92,9 @@ void run_v_up_ksplit_bm(const AbsorbParams& p) {
 }
 
 // Where the driver refuses the tensor maps (strides TMA cannot express) the cp.async wgmma kernel
-// runs instead, unless a TMA kernel was forced (tests must know which kernel they checked).
+// runs instead.
 template <bool kFp8>
 void tma_refused(const AbsorbParams& p) {
-  const char* forced = std::getenv("MLA_EXT_VUP_KERNEL");
-  MLA_HOST_CHECK(forced == nullptr || forced[0] == '\0', "v_up: the driver refused the TMA kernel's tensor maps");
   absorb::run_v_up_wgmma<kFp8>(p);
 }
 
@@ -135,11 +105,11 @@ void run_tma_or_fallback(const AbsorbParams& p, absorb::TmaVUpSchedule schedule 
 
 // Streamed weights need bf16 weights (TMA); e4m3 weights take the resident-weight TMA kernel.
 template <bool kFp8>
-void run_tma_stream_or_fallback(int bn, const AbsorbParams& p) {
+void run_tma_stream_or_fallback(const AbsorbParams& p) {
   if constexpr (kFp8) {
     run_tma_or_fallback<kFp8, 64>(p);
   } else {
-    if (bn == 0) bn = auto_stream_bn(p);
+    const int bn = auto_stream_bn(p);
     const bool ran = bn == 32   ? absorb::run_v_up_tma_stream<64, 32>(p)
                      : bn == 64 ? absorb::run_v_up_tma_stream<64, 64>(p)
                                 : absorb::run_v_up_tma_stream<64, 128>(p);
@@ -163,8 +133,7 @@ void run_v_up(const AbsorbParams& p) {
     case VUpKernel::kTiles:
       return run_tiers<AbsorbOp::kVUp, kFp8>(p);
     case VUpKernel::kTmaStream:
-      return run_tma_stream_or_fallback<kFp8>(choice.stream_bn, p);
-
+      return run_tma_stream_or_fallback<kFp8>(p);
   }
 }
 

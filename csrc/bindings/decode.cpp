@@ -172,7 +172,7 @@ void decode_into(const Tensor& q, const Tensor& kv_cache, const Tensor& block_ta
   p.q_dtype = to_dtype(q_type);
   p.format = format;
   p.stream = current_stream(device);
-  decode::run_decode(p, device, force_portable || force_portable_from_env());
+  decode::run_decode(p, device, force_portable || mla::force_portable());
 }
 
 std::tuple<Tensor, Tensor> decode_mla(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens, double softmax_scale,

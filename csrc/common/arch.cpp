@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -35,14 +36,28 @@ const DeviceInfo& device_info(int device) {
   return cache[device];
 }
 
-bool env_switched_off(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && v[0] == '0';
+namespace {
+// -1: not decided yet; 0 / 1 after the first force_portable() (from the environment) or an override.
+std::atomic<int> g_force_portable{-1};
+int force_portable_env() {
+  const char* v = std::getenv("MLA_EXT_FORCE_PORTABLE");
+  return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0 ? 1 : 0;
+}
+}  // namespace
+
+bool force_portable() {
+  int mode = g_force_portable.load(std::memory_order_relaxed);
+  if (mode < 0) {
+    mode = force_portable_env();
+    g_force_portable.store(mode, std::memory_order_relaxed);
+  }
+  return mode != 0;
 }
 
-bool force_portable_from_env() {
-  const char* v = std::getenv("MLA_EXT_FORCE_PORTABLE");
-  return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
-}
+void set_force_portable(int mode) { g_force_portable.store(mode < 0 ? force_portable_env() : mode != 0); }
 
 }  // namespace mla
+
+extern "C" __attribute__((visibility("default"))) void mla_ext_set_force_portable(int mode) {
+  mla::set_force_portable(mode);
+}

@@ -1,4 +1,4 @@
-// Which GPU we run on, and whether the portable path is forced. Cached per device.
+// Which GPU we run on (cached per device), and whether the portable path is forced.
 #pragma once
 
 namespace mla {
@@ -12,13 +12,13 @@ struct DeviceInfo {
 // Throws on a CUDA error. Thread-safe; queries each device once.
 const DeviceInfo& device_info(int device);
 
-// True when MLA_EXT_FORCE_PORTABLE is set to a non-empty value other than "0": kernels that have
-// an architecture-specific path (sm90 wgmma/TMA) take the portable mma.sync path instead. This is
-// how the code sm100 runs is tested on an H200.
-bool force_portable_from_env();
-
-// True when the environment variable `name` is set to a value starting with '0': how the decode
-// path's switches (MLA_EXT_DECODE_WGMMA, _PAIRS, _TMA_TILES, _BULK_ROWS) turn a default path off.
-bool env_switched_off(const char* name);
+// Whether ops that have an architecture-specific path (sm90 wgmma/TMA) take the portable one
+// (mma.sync: what sm100 runs), so that code is tested on an H200 too. The environment variable
+// MLA_EXT_FORCE_PORTABLE (set to a non-empty value other than "0") decides, read once, unless
+// set_force_portable overrides it.
+bool force_portable();
+// mode 1 / 0: force the portable path on / off; -1: back to the environment variable's value.
+// (Exported as the C symbol mla_ext_set_force_portable for mla_ext's tests.)
+void set_force_portable(int mode);
 
 }  // namespace mla

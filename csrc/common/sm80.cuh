@@ -30,27 +30,6 @@ __device__ __forceinline__ void cp_async_ca(uint32_t dst, const void* src) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
-// mbarriers with sm80 instructions (sm90 code adds try_wait and transaction counts: absorb/sm90/tma.cuh,
-// which uses this init too). A phase of `bar` completes after `count` arrivals; a thread's
-// cp_async_mbarrier_arrive arrives once all the cp.async it issued before have landed (.noinc: that
-// arrival is one of the `count`).
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void cp_async_mbarrier_arrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-// Spins until the phase with parity `parity` of `bar` has completed.
-__device__ __forceinline__ void mbarrier_wait_parity(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));

@@ -62,15 +62,14 @@ struct PlanParams {
 void run_decode_plan(const PlanParams& params);
 
 struct DecodeParams {
-  // sm90 fp8 16-row kernel with whole-tile TMA copies (block_size % 64 == 0): the cache as a 3-D
-  // byte tensor [num_blocks][block_size][row bytes] read in [64 rows][128 B] boxes in the 128-byte
-  // swizzle, and fp8_ds_mla's tile scales as [num_blocks][block_size][16 B]. Built per call by
-  // run_decode_split_portable (kernel parameter space, where TMA wants them); unused otherwise.
+  // sm90 kernels with TMA tile copies (the fp8 16-row kernel's wgmma variant, the 16-bit pairs
+  // kernel): the cache as a 3-D byte tensor [num_blocks][block_size][row bytes] read in [rows][128 B]
+  // boxes in the 128-byte swizzle, and fp8_ds_mla's tile scales as [num_blocks][block_size][16 B].
+  // Built by the dispatcher (kernel parameter space, where TMA wants them); unused otherwise.
   alignas(64) CUtensorMap kv_map;
   alignas(64) CUtensorMap scale_map;
   bool tma_tiles;                         // the maps are valid (else the kernel copies with cp.async)
   int tma_box_rows;                       // rows per TMA box: min(64, block_size); 64 % it == 0
-  bool bulk_rows;                         // sm90+: the portable fp8 16-row kernel's raw rows by cp.async.bulk
   const void* __restrict__ q;             // [b, s_q, h_q, 576] bf16/fp16, strides below, 16-B aligned rows
   const void* __restrict__ kv_cache;      // [num_blocks, block_size, row] (row: 576 elems / 576 B / 656 B)
   const int32_t* __restrict__ block_table;  // [b, max_blocks] int32
@@ -92,7 +91,7 @@ struct DecodeParams {
   int64_t stride_cache_block_bytes, stride_cache_token_bytes;
   int64_t stride_block_table_b;           // elements
   int num_blocks, block_size, max_blocks;
-  FastDivmod block_div;                   // block_size as multiply-shift; set by run_decode_split_portable
+  FastDivmod block_div;                   // block_size as multiply-shift; set by run_decode
   float softmax_scale_log2;               // softmax_scale * log2(e): scores live in the exp2 domain
   bool causal;
   DType q_dtype;                          // kBF16 or kFP16; the MMAs run in this type
@@ -100,15 +99,10 @@ struct DecodeParams {
   cudaStream_t stream;
 };
 
-// Picks the kernel: the sm90 path where one exists and is not forced off, else the portable one.
-// Then runs combine (csrc/decode/combine/combine.h). The caller ran the planner; num_parts and
-// max_partials follow from the plan's shape, so a plan for another s_q / h_q / format still
-// gives the right answer.
+// Picks the split kernel (decode/dispatch.cu: the sm90 kernels where they exist, unless
+// force_portable, else the portable ones) and runs it, then the combine
+// (csrc/decode/combine/combine.h). The caller ran the planner; num_parts and max_partials follow
+// from the plan's shape, so a plan for another s_q / h_q / format still gives the right answer.
 void run_decode(const DecodeParams& params, int device, bool force_portable);
-
-// The split kernel, for the dispatcher above.
-// sm90: the fp8 caches' 16-row kernel runs QK^T on wgmma (sm90a code); otherwise all mma.sync.
-// sm_version >= 90 also lets the portable fp8 16-row kernel copy raw rows with cp.async.bulk.
-void run_decode_split_portable(const DecodeParams& params, int sm_version, bool sm90);
 
 }  // namespace mla::decode

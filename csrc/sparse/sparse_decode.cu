@@ -3,7 +3,6 @@
 #include "sparse/sparse_decode.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -15,35 +14,26 @@
 namespace mla {
 namespace sparse {
 // Compiled in portable/instantiations/*.cu.
-extern template void launch_sparse_decode_portable<16, CacheFormat::kAuto, 2, false, 4>(const SparseDecodeParams&);
-extern template void launch_sparse_decode_portable<16, CacheFormat::kAuto, 2, false, 8>(const SparseDecodeParams&);
-extern template void launch_sparse_decode_portable<16, CacheFormat::kAuto, 2, false, 16>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<16, CacheFormat::kAuto, 2>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<16, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<32, CacheFormat::kAuto, 2>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<32, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
-extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2, false, 4>(const SparseDecodeParams&);
-extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2, false, 8>(const SparseDecodeParams&);
-extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2, false, 16>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
-extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 4>(const SparseDecodeParams&);
-extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 16>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 16, false, 4>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 2>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<32, CacheFormat::kFp8DsMla, 2>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<32, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
-extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1, false, 4>(const SparseDecodeParams&);
-extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1, false, 8>(const SparseDecodeParams&);
-extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 2, false, 8, false, 0, true>(const SparseDecodeParams&);
+extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 1>(const SparseDecodeParams&);
 extern template void launch_sparse_decode_portable<64, CacheFormat::kFp8DsMla, 2, false, 16, false, 0, true>(const SparseDecodeParams&);
 // Compiled in sm90/sparse_decode_sm90_fp8.cu (the kernel body exists in sm_90a code only).
-void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p, bool bulk_rows);
+void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p);
 int sm90_fp8_m64_smem_bytes();
-// Compiled in sm90/sparse_decode_sm90_fp8_m16.cu: the e4m3-fragment kernel with bulk row copies,
-// issued by 4 copy warps or by the compute warps.
+// Compiled in sm90/sparse_decode_sm90_fp8_m16.cu: the e4m3-fragment kernel with bulk row copies
+// issued by 4 copy warps.
 extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 4>(const SparseDecodeParams&);
-extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 0>(const SparseDecodeParams&);
 
 namespace {
 
@@ -53,123 +43,41 @@ namespace {
 int head_tile(int h_q) { return h_q <= 16 ? 16 : (h_q <= 32 ? 32 : 64); }
 
 // Deepest pipeline instantiated per (head tile, format): bf16 2 K buffers; fp8_ds_mla staging
-// buffers as many as fit next to Q and the K tile in 227 KB (2 for 16 heads, whose partial-score
-// buffer takes the third's place; 2 for 32, 1 for 64: the dequantising kernel; the default 64-head
-// kernel, PvRawConfig below, has 2 next to a smaller K tile).
+// buffers as many as fit next to Q and the K tile in 227 KB (2 for 16 heads, 2 for 32, 1 for 64:
+// the dequantising kernels; the 64-head kernel of sm90/sm100, PvRawConfig below, has 2 next to a
+// smaller K tile). GPUs with less shared memory (the compute_100 PTX JIT-compiled for them) take
+// one stage.
 template <int kM, CacheFormat kFormat>
 constexpr int kDeepStages = kFormat == CacheFormat::kAuto ? 2 : (kM == 64 ? 1 : 2);
 
-// fp8_ds_mla with 16-head tiles reads its MMA fragments straight from the e4m3 rows (no
-// dequantisation pass) where shared memory allows; MLA_EXT_SPARSE_FP8_DEQUANT=1 keeps the
-// dequantising kernel (for comparisons and tests).
-bool fp8_fragments_allowed(int max_smem) {
-  using Frags = PortableConfig<16, CacheFormat::kFp8DsMla, 4, true>;
-  const char* env = std::getenv("MLA_EXT_SPARSE_FP8_DEQUANT");
-  const bool dequant = env != nullptr && env[0] != '\0' && env[0] != '0';
-  return !dequant && Frags::kSmemBytes <= max_smem;
-}
-
-// fp8_ds_mla with 64-head tiles reads V straight from the staging rows, dequantising the next tile
-// while PV runs (PortableConfig::kPvRaw), where shared memory allows (232320 bytes);
-// MLA_EXT_SPARSE_PV_RAW=0 keeps the kernel that dequantises each tile between two barriers (for
-// comparisons and tests).
+// fp8_ds_mla, 16-head tiles: MMA fragments read straight from the e4m3 rows (no dequantisation
+// pass), the rows gathered by 4 copy warps with cp.async, where shared memory allows.
+using FragsConfig = PortableConfig<16, CacheFormat::kFp8DsMla, 4, true, 16>;
+using FragsCopyWarpsConfig = PortableConfig<16, CacheFormat::kFp8DsMla, 4, true, 16, false, 4>;
+// fp8_ds_mla, 64-head tiles: V read straight from the staging rows, the next tile dequantised while
+// PV runs (PortableConfig::kPvRaw), where shared memory allows (232320 bytes).
 using PvRawConfig = PortableConfig<64, CacheFormat::kFp8DsMla, 2, false, 16, false, 0, true>;
-bool pv_raw_env() {
-  const char* env = std::getenv("MLA_EXT_SPARSE_PV_RAW");
-  const bool off = env != nullptr && env[0] == '0' && env[1] == '\0';
-  if (env != nullptr && env[0] != '\0' && !off && std::string(env) != "1")
-    throw std::runtime_error(std::string("mla_ext: MLA_EXT_SPARSE_PV_RAW must be 1 or 0, got ") + env);
-  return !off;
-}
-bool pv_raw_allowed(int max_smem) { return pv_raw_env() && PvRawConfig::kSmemBytes <= max_smem; }
-
-// How the sm90 fp8_ds_mla kernels gather rows: one cp.async.bulk per row (default, "bulk"), or
-// MLA_EXT_SPARSE_SM90=cpasync: 16-byte cp.async, 8 threads per row, as on the portable path (for
-// comparisons and tests).
-bool sm90_bulk_rows() {
-  const char* env = std::getenv("MLA_EXT_SPARSE_SM90");
-  const std::string want = env != nullptr && env[0] != '\0' ? env : "bulk";
-  if (want != "bulk" && want != "cpasync")
-    throw std::runtime_error("mla_ext: MLA_EXT_SPARSE_SM90 must be bulk or cpasync, got " + want);
-  return want == "bulk";
-}
-
-// Who gathers the rows of the fp8_ds_mla 16-head kernels: 4 copy warps (default; sm90: bulk copies,
-// portable: cp.async), or MLA_EXT_SPARSE_COPY_WARPS=0: the compute warps (sm90: lanes 0-7 of each;
-// for comparisons and tests).
-int m16_copy_warps() {
-  const char* env = std::getenv("MLA_EXT_SPARSE_COPY_WARPS");
-  const std::string want = env != nullptr && env[0] != '\0' ? env : "4";
-  if (want != "4" && want != "0")
-    throw std::runtime_error("mla_ext: MLA_EXT_SPARSE_COPY_WARPS must be 4 or 0, got " + want);
-  return want == "4" ? 4 : 0;
-}
-
-// MLA_EXT_SPARSE_ROW_THREADS (for comparisons and tests): the threads per gathered row it names, 0 when
-// unset (each kernel's default).
-int row_threads_env() {
-  const char* env = std::getenv("MLA_EXT_SPARSE_ROW_THREADS");
-  return env != nullptr ? std::atoi(env) : 0;
-}
-
-// Threads per gathered row (PortableConfig::kRowThreads): kDefault, or one of kOthers when
-// MLA_EXT_SPARSE_ROW_THREADS names it (kPvRaw: PortableConfig::kPvRaw, the 64-head fp8_ds_mla kernel
-// that reads V from the staging rows).
-template <int kM, CacheFormat kFormat, int kStages, bool kFrags, bool kPvRaw, int kDefault, int... kOthers>
-void launch_rows(const SparseDecodeParams& p) {
-  const int want = row_threads_env();
-  bool done = false;
-  ((!done && want == kOthers ? (launch_sparse_decode_portable<kM, kFormat, kStages, kFrags, kOthers, false, 0, kPvRaw>(p), done = true)
-                             : false),
-   ...);
-  if (!done) launch_sparse_decode_portable<kM, kFormat, kStages, kFrags, kDefault, false, 0, kPvRaw>(p);
-}
+// sm90, fp8_ds_mla 16-head tiles: the e4m3-fragment kernel with one bulk copy per row.
+using BulkM16Config = PortableConfig<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 4>;
 
 template <int kM, CacheFormat kFormat>
 void launch_portable(const SparseDecodeParams& p, int max_smem) {
   if constexpr (kM == 16 && kFormat == CacheFormat::kFp8DsMla) {
-    if (fp8_fragments_allowed(max_smem)) {
-      // 4 copy warps gathering with cp.async, 16 threads per row; without them (MLA_EXT_SPARSE_COPY_WARPS=0,
-      // or MLA_EXT_SPARSE_ROW_THREADS set) the compute warps gather, with 16 threads per row or the named ones.
-      using CopyWarps = PortableConfig<16, CacheFormat::kFp8DsMla, 4, true, 16, false, 4>;
-      if (m16_copy_warps() == 4 && row_threads_env() == 0 && CopyWarps::kSmemBytes <= max_smem) {
-        launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 16, false, 4>(p);
-      } else {
-        launch_rows<16, CacheFormat::kFp8DsMla, 4, true, false, 16, 4, 8>(p);
-      }
-      return;
-    }
+    if (FragsCopyWarpsConfig::kSmemBytes <= max_smem) return launch_sparse_decode_portable<16, kFormat, 4, true, 16, false, 4>(p);
+    if (FragsConfig::kSmemBytes <= max_smem) return launch_sparse_decode_portable<16, kFormat, 4, true, 16>(p);
   }
-  // The deep pipeline where shared memory allows (sm90, sm100: 227 KB), one stage on GPUs
-  // with less (sm80: 163 KB).
+  if constexpr (kM == 64 && kFormat == CacheFormat::kFp8DsMla) {
+    if (PvRawConfig::kSmemBytes <= max_smem) return launch_sparse_decode_portable<64, kFormat, 2, false, 16, false, 0, true>(p);
+  }
+  // The deep pipeline where shared memory allows (sm90, sm100: 227 KB), else one stage.
   constexpr int kDeep = kDeepStages<kM, kFormat>;
   if constexpr (kDeep > 1) {
-    if (PortableConfig<kM, kFormat, kDeep>::kSmemBytes <= max_smem) {
-      if constexpr (kM == 16 && kFormat == CacheFormat::kAuto) {
-        launch_rows<16, CacheFormat::kAuto, 2, false, false, 8, 4, 16>(p);
-      } else if constexpr (kM == 64 && kFormat == CacheFormat::kAuto) {
-        launch_rows<64, CacheFormat::kAuto, 2, false, false, 8, 4, 16>(p);
-      } else {
-        launch_sparse_decode_portable<kM, kFormat, kDeep>(p);
-      }
-      return;
-    }
+    if (PortableConfig<kM, kFormat, kDeep>::kSmemBytes <= max_smem) return launch_sparse_decode_portable<kM, kFormat, kDeep>(p);
   }
   constexpr int kSmem = PortableConfig<kM, kFormat, 1>::kSmemBytes;
   MLA_HOST_CHECK(kSmem <= max_smem, "sparse decode needs " + std::to_string(kSmem) +
                                         " bytes of shared memory per block, this GPU allows " + std::to_string(max_smem));
-  if constexpr (kM == 64 && kFormat == CacheFormat::kFp8DsMla) {
-    // MLA_EXT_SPARSE_ROW_THREADS: 4 the dequantising kernel below, 8 the kPvRaw kernel with 8 threads
-    // per row; else the kPvRaw kernel with 16 (PvRawConfig).
-    if (row_threads_env() != 4 && pv_raw_allowed(max_smem)) {
-      static_assert(PvRawConfig::kRowThreads == 16, "the kPvRaw default below");
-      launch_rows<64, CacheFormat::kFp8DsMla, 2, false, true, 16, 8>(p);
-      return;
-    }
-    launch_rows<64, CacheFormat::kFp8DsMla, 1, false, false, 8, 4>(p);
-  } else {
-    launch_sparse_decode_portable<kM, kFormat, 1>(p);
-  }
+  launch_sparse_decode_portable<kM, kFormat, 1>(p);
 }
 
 }  // namespace
@@ -185,9 +93,6 @@ void plan_sparse_decode(SparseDecodeParams& p, int device) {
   // One CTA per SM (the kernel uses most of shared memory). Split the top-k list only when the
   // CTAs leave SMs idle; a split costs a partial write and the combine.
   int splits = ctas >= info.num_sms ? 1 : static_cast<int>(info.num_sms / std::max<int64_t>(ctas, 1));
-  if (const char* forced = std::getenv("MLA_EXT_SPARSE_NUM_SPLITS"); forced != nullptr && forced[0] != '\0') {
-    splits = std::max(1, std::atoi(forced));
-  }
   splits = std::clamp(splits, 1, total_tiles);
   p.tiles_per_split = (total_tiles + splits - 1) / splits;
   p.num_splits = (total_tiles + p.tiles_per_split - 1) / p.tiles_per_split;
@@ -200,24 +105,18 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
                  "a split plan needs partial_out and partial_lse");
   MLA_HOST_CHECK(p.block_div.divisor == std::clamp<int64_t>(p.block_size, 1, INT32_MAX),
                  "plan_sparse_decode() must run after block_size is set (it sets block_div)");
-  if (p.format == CacheFormat::kFp8DsMla) sparse::pv_raw_env();  // a bad value fails on every path
   if (p.batch == 0 || p.s_q == 0 || p.h_q == 0) return;
   MLA_HOST_CHECK(int64_t(p.batch) * p.s_q <= 65535, "sparse decode supports b * s_q <= 65535 query tokens per call");
   const DeviceInfo& info = device_info(device);
-  const bool hopper = info.sm_version == 90 && !force_portable_from_env();
+  const bool hopper = info.sm_version == 90 && !force_portable();
   const int tile = sparse::head_tile(p.h_q);
   // sm90: fp8_ds_mla 64-head tiles run the wgmma kernel (S and O with wgmma, one dequantised fp16
   // K tile read by both; csrc/sparse/README.md), 16-head tiles the portable e4m3-fragment kernel
-  // with bulk row copies. Everything else, and MLA_EXT_FORCE_PORTABLE=1, runs the portable kernels.
+  // with bulk row copies. Everything else, and forced portable (common/arch.h), runs the portable kernels.
   const bool sm90_fp8 = hopper && tile == 64 && p.format == CacheFormat::kFp8DsMla &&
                         sparse::sm90_fp8_m64_smem_bytes() <= info.max_smem_per_block;
-  // sm90, fp8_ds_mla 16-head tiles: the portable e4m3-fragment kernel with one bulk copy per row.
-  using BulkM16 = sparse::PortableConfig<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 4>;
-  static_assert(BulkM16::kSmemBytes == sparse::PortableConfig<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 0>::kSmemBytes,
-                "both issuers of the bulk copies need the same shared memory");
-  const bool sm90_fp8_m16 = hopper && tile == 16 && p.format == CacheFormat::kFp8DsMla && sparse::sm90_bulk_rows() &&
-                            sparse::fp8_fragments_allowed(info.max_smem_per_block) &&
-                            BulkM16::kSmemBytes <= info.max_smem_per_block;
+  const bool sm90_fp8_m16 = hopper && tile == 16 && p.format == CacheFormat::kFp8DsMla &&
+                            sparse::BulkM16Config::kSmemBytes <= info.max_smem_per_block;
   auto by_format = [&]<int kM>() {
     if (p.format == CacheFormat::kAuto) {
       sparse::launch_portable<kM, CacheFormat::kAuto>(p, info.max_smem_per_block);
@@ -228,13 +127,9 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
     }
   };
   if (sm90_fp8) {
-    sparse::launch_sparse_decode_sm90_fp8_m64(p, sparse::sm90_bulk_rows());
+    sparse::launch_sparse_decode_sm90_fp8_m64(p);
   } else if (sm90_fp8_m16) {
-    if (sparse::m16_copy_warps() == 4) {
-      sparse::launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 4>(p);
-    } else {
-      sparse::launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 0>(p);
-    }
+    sparse::launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 4>(p);
   } else if (tile == 16) {
     by_format.template operator()<16>();
   } else if (tile == 32) {

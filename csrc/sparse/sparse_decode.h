@@ -44,8 +44,8 @@ struct SparseDecodeParams {
 };
 
 // How the work is split (a function of the shapes and the GPU only: no device data is read, so
-// a captured CUDA graph replays the same plan). Fills num_splits and tiles_per_split.
-// MLA_EXT_SPARSE_NUM_SPLITS=<n> forces n splits (tests of the combine path).
+// a captured CUDA graph replays the same plan). Fills num_splits and tiles_per_split: the top-k
+// list is split only when the CTAs leave SMs idle (small batches).
 void plan_sparse_decode(SparseDecodeParams& params, int device);
 
 // Launches the decode (and, when num_splits > 1, the split combine shared with dense decode,

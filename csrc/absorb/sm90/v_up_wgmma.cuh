@@ -26,7 +26,7 @@
 #include "absorb/absorb.h"
 #include "absorb/absorb_common.cuh"
 #include "absorb/absorb_gemm.h"
-#include "absorb/sm90/wgmma.cuh"
+#include "common/sm90/wgmma.cuh"
 #include "common/arch.h"
 #include "common/cuda_check.h"
 #include "common/sm80.cuh"

@@ -20,9 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
-#include "common/arch.h"
 #include "common/attn_sink.cuh"
 #include "common/cuda_check.h"
 #include "common/dispatch.h"
@@ -163,20 +161,10 @@ __global__ void __launch_bounds__(kThreads) split_combine_kernel(const __grid_co
   wait_partials();
 }
 
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && v[0] != '\0' && !(v[0] == '0' && v[1] == '\0');
-}
-
 template <typename T, int kChunks>
 void launch(const CombineParams& p, dim3 grid) {
   auto* kernel = &split_combine_kernel<T, kChunks>;
-  int device = 0;
-  MLA_CUDA_CHECK(cudaGetDevice(&device));
-  // PDL needs sm90 on the device and in the loaded binary (an sm80 build has no wait in it).
-  cudaFuncAttributes attrs{};
-  MLA_CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernel));
-  const bool pdl = device_info(device).sm_version >= 90 && attrs.binaryVersion >= 90 && !env_flag("MLA_EXT_NO_PDL");
+  // Programmatic dependent launch (common/pdl.cuh): every target built (sm90, sm100) has it.
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -186,7 +174,7 @@ void launch(const CombineParams& p, dim3 grid) {
   cfg.dynamicSmemBytes = 0;
   cfg.stream = p.stream;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.numAttrs = 1;
   MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
 }
 
@@ -201,10 +189,6 @@ void run_split_combine(const CombineParams& p) {
   const int64_t items = p.split_list != nullptr ? std::min<int64_t>(p.b, p.list_len) : p.b;
   int chunks = 1;
   while (chunks < 8 && num_rows * chunks * items < 2 * int64_t(p.num_sms)) chunks *= 2;
-  if (const char* forced = std::getenv("MLA_EXT_COMBINE_CHUNKS"); forced != nullptr && forced[0] != '\0') {
-    chunks = std::atoi(forced);
-    MLA_HOST_CHECK(chunks == 1 || chunks == 2 || chunks == 4 || chunks == 8, "MLA_EXT_COMBINE_CHUNKS must be 1, 2, 4 or 8");
-  }
   MLA_HOST_CHECK(num_rows * chunks < (int64_t(1) << 31), "combine: too many query rows");
   // About four CTAs per SM in total; each walks every gridDim.y-th request.
   const int64_t per_item = num_rows * chunks;

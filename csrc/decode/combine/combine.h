@@ -51,8 +51,7 @@ struct CombineParams {
 // Launches the combine. With programmatic dependent launch (sm90+), the grid is launched while
 // the kernel that wrote the partials is still running (the dense split kernels allow it from their
 // start) and waits for it on the device before reading them, and before exiting, hiding the launch
-// gap (MLA_EXT_NO_PDL=1 turns that off). MLA_EXT_COMBINE_CHUNKS=1|2|4|8 forces the
-// number of CTAs per query row (tests and tuning); by default it is picked from the shape.
+// gap. The number of CTAs per query row (1, 2, 4 or 8) is picked from the shape.
 void run_split_combine(const CombineParams& params);
 
 }  // namespace mla::combine

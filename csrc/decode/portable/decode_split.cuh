@@ -1,4 +1,4 @@
-// Portable (sm80+) split-KV MLA decode kernel: mma.sync m16n8k16, ldmatrix, cp.async pipeline.
+// Portable split-KV MLA decode kernel (every target): mma.sync m16n8k16, ldmatrix, cp.async pipeline.
 //
 // One CTA = 8 warps = one part of the schedule x one block of kBlockM query rows (rows are the
 // s_q x h_q pairs of a request, row = s * h_q + h). It walks its pieces (request, tile range);
@@ -32,7 +32,8 @@
 #include "common/arch.h"
 #include "common/cuda_check.h"
 #include "decode/decode.h"
-#include "decode/portable/split_common.cuh"
+#include "decode/kernels.h"
+#include "decode/split_common.cuh"
 #include "common/sm80.cuh"
 
 namespace mla::decode::portable {

@@ -3,14 +3,14 @@
 // rows: h_q >= 33, or s_q x h_q > 32) on mma.sync at ~170 TFLOPS (bf16); everything around the math
 // is the same: schedule, pieces, masks, partials, epilogue. 16-bit caches that TMA copies (block sizes
 // that are multiples of 64, or 8, 16, 32) run decode_split_wgmma_pairs.cu instead (the key tiles in
-// turns; MLA_EXT_DECODE_PAIRS=0 keeps them here).
+// turns); this kernel takes the fp8 formats and the 16-bit caches TMA cannot copy.
 //
 // One CTA = 2 warpgroups = one part of the schedule x 64 query rows (row = s * h_q + h). Per
 // 64-key tile:
 //   load     16-bit cache: cp.async, 4 threads per cache row through the block table (any block
 //            size; invalid pages and positions past the sequence zero-filled and flagged), straight
 //            into the wgmma layout: 9 blocks of [64 keys][64 dims] in the 128-byte swizzle; two
-//            stages (tile i + 1 loads while tile i computes); TMA for whole pages (kTma, below).
+//            stages (tile i + 1 loads while tile i computes).
 //            fp8 / fp8_ds_mla: raw rows into one staging buffer (where the second stage would be),
 //            dequantised into the one K tile as the portable kernel does (dequant_row_to_tile: fp8
 //            unscaled, its per-tensor scale on the scores and the output; fp8_ds_mla times the tile
@@ -32,25 +32,17 @@
 #include <cstdlib>
 #include <type_traits>
 
-#include "absorb/sm90/tma.cuh"
-#include "absorb/sm90/wgmma.cuh"
-#include "common/arch.h"
+#include "common/sm90/wgmma.cuh"
 #include "common/sm80.cuh"
 #include "decode/decode.h"
+#include "decode/kernels.h"
 #include "decode/portable/decode_split.cuh"  // dequant_row_to_tile
-#include "decode/portable/split_common.cuh"
+#include "decode/split_common.cuh"
 #include "decode/sm90/split_wgmma_common.cuh"
 
 namespace mla::decode::hopper {
 
-using portable::cache_page;
-using portable::cache_row;
 using portable::dequant_row_to_tile;
-using portable::load_q_rows;
-using portable::part_piece;
-using portable::Piece;
-using portable::schedule_part;
-using portable::SchedulePart;
 using sm80::cp_async16;
 using sm80::pack2;
 using sm80::smem_addr;
@@ -67,27 +59,23 @@ struct WgmmaSplitConfig {
   static constexpr int kOffK = kOffQ + kTileBytes;
   static constexpr int kOffP = kOffK + kStages * kTileBytes;  // [64 rows][64 keys]: one block
   static constexpr int kOffRed = kOffP + kBlockBytes;         // [2 warpgroups][64 rows] fp32
-  static constexpr int kOffFlags = kOffRed + 2 * kRows * 4;   // [stage][64 keys] bytes, then [stage] "some row invalid"
-  static constexpr int kOffBars = kOffFlags + kStages * kBlockN + 16;  // kTma: an mbarrier per stage
-  static constexpr int kSmemBytes = kOffBars + 8 * kStages;
+  static constexpr int kOffFlags = kOffRed + 2 * kRows * 4;   // [stage][64 keys] bytes
+  static constexpr int kSmemBytes = kOffFlags + kStages * kBlockN;
   static constexpr int kSmemLaunchBytes = kSmemBytes + 1024;  // + base alignment of the swizzle atoms
-  static_assert(kBlockN == 64 && kLoadThreadsPerRow * kBlockN == kThreads && kOffBars % 8 == 0);
+  static_assert(kBlockN == 64 && kLoadThreadsPerRow * kBlockN == kThreads);
   static_assert(kSmemLaunchBytes <= 227 * 1024, "shared memory budget of sm90");
 };
 
-// kTma (block sizes that are multiples of 64, cache strides TMA accepts: DecodeParams::kv_map): a
-// K tile is one page, copied by thread 0 as nine [64 rows][128 B] boxes that land in exactly the
-// layout above, counted on the stage's mbarrier. Else cp.async. With two stages both go out after the
-// current tile's row-maxima barrier: the previous tile's P V MMAs (which read that stage and P) are not
-// waited for at the end of their tile but run on into this one, and that barrier is the first point
-// where both warpgroups have seen them finish (their S wait covers them).
-template <typename T, CacheFormat kFormat, bool kTma>
+// With two stages (16-bit caches) the copies of tile i + 1 go out after tile i's row-maxima barrier:
+// the previous tile's P V MMAs (which read that stage and P) are not waited for at the end of their
+// tile but run on into this one, and that barrier is the first point where both warpgroups have seen
+// them finish (their S wait covers them).
+template <typename T, CacheFormat kFormat>
 __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wgmma_kernel(const __grid_constant__ DecodeParams p) {
 #if MLA_SM90A
   using C = WgmmaSplitConfig;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   constexpr bool kConvert = kFormat != CacheFormat::kAuto;
-  static_assert(!kConvert || !kTma, "TMA tiles: 16-bit caches only");
   constexpr int kRawRowBytes = kFormat == CacheFormat::kAuto ? 2 * kLatentDim : kFormat == CacheFormat::kFp8 ? kLatentDim : kDsMlaRowBytes;
   constexpr int kRawChunks = kRawRowBytes / 16;  // 72, 36 or 41
   extern __shared__ uint8_t smem_raw[];
@@ -96,8 +84,6 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
   uint8_t* const flags = smem + C::kOffFlags;
   const uint32_t q_base = smem_addr(smem + C::kOffQ), k_base = smem_addr(smem + C::kOffK);
   const uint32_t p_base = smem_addr(smem + C::kOffP);
-  const uint32_t bars = smem_addr(smem + C::kOffBars);
-  uint32_t bar_phase = 0;  // kTma: parity of each stage's mbarrier (bit = stage), across pieces
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, qd = lane % 4;
   // Warpgroup through a shuffle: warp-uniform for the compiler, so the descriptors stay uniform.
@@ -117,13 +103,6 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
   const sm90::SmemDesc p_desc = sm90::kmajor_sw128(p_base);
   // V = a K stage's first 512 dims as an MN-major operand: 64-dim blocks 8 KiB apart, 8-key groups 1 KiB apart.
   const sm90::SmemDesc v_desc = sm90::mnmajor_sw128(k_base, C::kBlockBytes, 1024);
-  if constexpr (kTma) {
-    if (tid == 0) {
-      for (int st = 0; st < C::kStages; ++st) sm90::mbar_init(bars + 8 * st, 1);
-      sm90::mbar_init_fence();
-    }
-    __syncthreads();
-  }
 
   for (int req = part.begin_req; req <= part.end_req; ++req) {
     const Piece piece = part_piece(p, part, req);
@@ -133,29 +112,9 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
     int lim[2];  // keys each of this thread's two rows may see
     row_key_limits(p, row0, rows_here, row_lo, seq_len, seq_len, lim);
 
-    // Tile t (relative to the request) into stage `stage`. kTma: threads 0-63 flag their key, thread 0
-    // copies the page (page: its block-table entry, read a tile ahead by threads 0-63) or, when the page
-    // id is out of range, arrives without bytes (the rows are zeroed after the wait). Else cp.async:
-    // thread -> row tid / 4, invalid rows zero-filled.
-    auto load_tile = [&](int t, int stage, int page) {
-      if constexpr (kTma) {
-        const int k0 = t * kBlockN;
-        const bool page_ok = page >= 0 && page < p.num_blocks;
-        if (tid < kBlockN) flags[stage * kBlockN + tid] = page_ok && k0 + tid < kv_len;
-        if (tid == 0) {
-          flags[C::kStages * kBlockN + stage] = !page_ok || k0 + kBlockN > kv_len;
-          const uint32_t bar = bars + 8 * stage, dst = k_base + stage * C::kTileBytes;
-          if (page_ok) {
-            sm90::mbar_arrive_expect_tx(bar, C::kTileBytes);
-            const int row = p.block_div.mod(k0, p.block_div.div(k0));
-#pragma unroll
-            for (int b = 0; b < 9; ++b) sm90::tma_load_3d(dst + b * C::kBlockBytes, &p.kv_map, bar, 128 * b, row, page);
-          } else {
-            sm90::mbar_arrive(bar);
-          }
-        }
-        return;
-      }
+    // Tile t (relative to the request) into stage `stage` by cp.async: thread -> row tid / 4, invalid
+    // rows zero-filled.
+    auto load_tile = [&](int t, int stage) {
       const int r = tid / C::kLoadThreadsPerRow, sub = tid % C::kLoadThreadsPerRow;
       const uint8_t* row = cache_row(p, bt, t * kBlockN + r, kv_len);
       const bool ok = row != nullptr;
@@ -170,14 +129,9 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
 
     if (num_tiles > 0) {
       load_q_rows<T, C::kRows, C::kThreads>(p, req, row0, rows_here, tid, q_base, [](int r, int c) { return sw128(r, c); });
-      load_tile(tile_begin, kLoadStage0, kTma && tid < kBlockN ? cache_page(p, bt, tile_begin * kBlockN, kv_len) : -1);
+      load_tile(tile_begin, kLoadStage0);
       sm80::cp_async_commit();
     }
-    // kTma, threads 0-63: the page of the next tile to copy (its row flags need it too).
-    int next_page = kTma && tid < kBlockN && num_tiles > 1 ? cache_page(p, bt, (tile_begin + 1) * kBlockN, kv_len) : -1;
-    // kTma: the first tile's row flags are read before the loop's first barrier (which rows to zero);
-    // later tiles' are written two barriers ahead of their use.
-    if constexpr (kTma) __syncthreads();
 
     float o[2][64];  // output dims 256 wg + 128 v + 8 j + 2 qd + (e % 2), rows row_lo + 8 (e / 2): o[v][4 j + e]
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -191,7 +145,7 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
       // converted tile in slot 0 too).
       const int stage = kConvert ? 0 : i % C::kStages;
       const uint32_t k_off = stage * C::kTileBytes;
-      sm80::cp_async_wait<0>();  // (kTma: Q, first piece tile only)
+      sm80::cp_async_wait<0>();
       if constexpr (kConvert) {
         __syncthreads();  // tile i's raw rows landed for everyone; everyone is done with tile i - 1
         const int r = tid / C::kLoadThreadsPerRow, sub = tid % C::kLoadThreadsPerRow;
@@ -199,26 +153,12 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
                                         [](int rr, int c) { return sw128(rr, c); });
         if (tid < kBlockN) flags[tid] = flags[kBlockN + tid];  // the staging's flags are rewritten below
       }
-      if constexpr (kTma) {
-        sm90::mbar_wait(bars + 8 * stage, (bar_phase >> stage) & 1);
-        bar_phase ^= 1u << stage;
-        // Rows past the sequence hold whatever the page holds (NaN in unused slots), an invalid
-        // page's the stage's previous tile: their scores are masked, but P = 0 times a NaN value
-        // is NaN, so they are zeroed (rare: the last tile of a sequence).
-        if (flags[C::kStages * kBlockN + stage]) {
-          for (int idx = tid; idx < kBlockN * C::kRowChunks; idx += C::kThreads) {
-            const int r = idx / C::kRowChunks;
-            if (!flags[stage * kBlockN + r])
-              *reinterpret_cast<uint4*>(smem + C::kOffK + k_off + sw128(r, idx % C::kRowChunks)) = make_uint4(0u, 0u, 0u, 0u);
-          }
-        }
-      }
-      sm90::fence_proxy_async_smem();  // cp.async data / zeroed rows (generic proxy) -> wgmma's async proxy
+      fence_proxy_async_smem();  // cp.async data (generic proxy) -> wgmma's async proxy
       // Tile i landed for everyone. Two stages: P V of tile i - 1 may still run (it reads the other
       // stage and P); kConvert: it has finished, and the staging buffer is free.
       __syncthreads();
       if constexpr (kConvert) {
-        if (i + 1 < num_tiles) load_tile(tile_begin + i + 1, 1, -1);
+        if (i + 1 < num_tiles) load_tile(tile_begin + i + 1, 1);
         sm80::cp_async_commit();
       }
 
@@ -263,10 +203,7 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
       }
       __syncthreads();  // (also: both warpgroups' P V of tile i - 1 are done, its stage and P are free)
       if constexpr (!kConvert) {  // tile i + 1 into that stage
-        if (i + 1 < num_tiles) {
-          load_tile(tile_begin + i + 1, stage ^ 1, next_page);
-          if (kTma && tid < kBlockN && i + 2 < num_tiles) next_page = cache_page(p, bt, (tile_begin + i + 2) * kBlockN, kv_len);
-        }
+        if (i + 1 < num_tiles) load_tile(tile_begin + i + 1, stage ^ 1);
         sm80::cp_async_commit();
       }
 
@@ -290,7 +227,7 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
         }
       }
       rescale_rows(o, alpha);
-      sm90::fence_proxy_async_smem();  // P's st.shared -> wgmma
+      fence_proxy_async_smem();  // P's st.shared -> wgmma
       __syncthreads();                 // P of both warpgroups written
 
       // ---- O[:, 256 wg ..] += P V: keys 16 ks .. + 15, dims 256 wg + 128 v .. + 127 (blocks 4 wg + 2 v, + 1).
@@ -322,26 +259,10 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
 #endif
 }
 
-// decode_split_wgmma_pairs.cu: 16-bit caches with TMA tiles (whole pages, or tiles of whole pages), the
-// key tiles taken by the two warpgroups in turns. MLA_EXT_DECODE_PAIRS=0 keeps such caches on this file's
-// kernel (comparisons, tests).
-template <typename T>
-void launch_decode_split_wgmma_pairs(const DecodeParams& p);
-namespace {
-bool pairs_enabled() { return !env_switched_off("MLA_EXT_DECODE_PAIRS"); }
-}  // namespace
-
 template <typename T, CacheFormat kFormat>
 void launch_decode_split_wgmma(const DecodeParams& p) {
   using C = WgmmaSplitConfig;
-  const char* what = "sm90 wgmma decode kernel";
-  if constexpr (kFormat == CacheFormat::kAuto) {
-    // TMA maps built: block sizes that are multiples of 64 or 8, 16, 32 (csrc/decode/portable/dispatch.cu).
-    if (p.tma_tiles && pairs_enabled()) return launch_decode_split_wgmma_pairs<T>(p);
-    if (p.tma_tiles && p.tma_box_rows == kBlockN)
-      return portable::launch_split_kernel(&decode_split_wgmma_kernel<T, kFormat, true>, C::kThreads, C::kSmemLaunchBytes, what, p);
-  }
-  portable::launch_split_kernel(&decode_split_wgmma_kernel<T, kFormat, false>, C::kThreads, C::kSmemLaunchBytes, what, p);
+  launch_split_kernel(&decode_split_wgmma_kernel<T, kFormat>, C::kThreads, C::kSmemLaunchBytes, "sm90 wgmma decode kernel", p);
 }
 
 template void launch_decode_split_wgmma<__nv_bfloat16, CacheFormat::kAuto>(const DecodeParams&);

@@ -29,21 +29,16 @@
 #include <cmath>
 #include <type_traits>
 
-#include "absorb/sm90/tma.cuh"
-#include "absorb/sm90/wgmma.cuh"
+#include "common/sm90/tma.cuh"
+#include "common/sm90/wgmma.cuh"
 #include "common/sm80.cuh"
 #include "decode/decode.h"
-#include "decode/portable/split_common.cuh"
+#include "decode/kernels.h"
+#include "decode/split_common.cuh"
 #include "decode/sm90/split_wgmma_common.cuh"
 
 namespace mla::decode::hopper {
 
-using portable::cache_page;
-using portable::load_q_rows;
-using portable::part_piece;
-using portable::Piece;
-using portable::schedule_part;
-using portable::SchedulePart;
 using sm80::pack2;
 using sm80::smem_addr;
 
@@ -116,9 +111,9 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
   const uint32_t hand_off_bars = bars + 8 * 2 * C::kBlocks;
   auto hand_off = [&](PairsHandOff h) { return hand_off_bars + 8 * h; };
   if (tid == 0) {
-    for (int i = 0; i < 2 * C::kBlocks; ++i) sm90::mbar_init(bars + 8 * i, 1);
-    for (int h = 0; h < C::kHandOffs; ++h) sm90::mbar_init(hand_off_bars + 8 * h, 128);
-    sm90::mbar_init_fence();
+    for (int i = 0; i < 2 * C::kBlocks; ++i) mbar_init(bars + 8 * i, 1);
+    for (int h = 0; h < C::kHandOffs; ++h) mbar_init(hand_off_bars + 8 * h, 128);
+    mbar_init_fence();
   }
   __syncthreads();
   uint32_t phase = 0;       // parity of the mbarriers of stage wg (the one this warpgroup computes S on)
@@ -171,7 +166,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         const uint32_t bytes = __popc(__ballot_sync(0xffffffffu, ok)) * rows * 128;
         const bool mine = ok && lane % 4 == warp % 4;
         for (int b = b0; b < b1; ++b) {
-          if (tid % 128 == 0) sm90::mbar_arrive_expect_tx(bar(stage, b), bytes);
+          if (tid % 128 == 0) mbar_arrive_expect_tx(bar(stage, b), bytes);
           if (mine)
             sm90::tma_load_3d(k_base + stage * C::kTileBytes + b * C::kBlockBytes + lane * rows * 128, &p.kv_map, bar(stage, b),
                               128 * b, 0, page);
@@ -181,10 +176,10 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         const int row = p.block_div.mod(k0, p.block_div.div(k0));
         for (int b = b0; b < b1; ++b) {
           if (page_ok(page)) {
-            sm90::mbar_arrive_expect_tx(bar(stage, b), C::kBlockBytes);
+            mbar_arrive_expect_tx(bar(stage, b), C::kBlockBytes);
             sm90::tma_load_3d(k_base + stage * C::kTileBytes + b * C::kBlockBytes, &p.kv_map, bar(stage, b), 128 * b, row, page);
           } else {
-            sm90::mbar_arrive(bar(stage, b));
+            mbar_arrive(bar(stage, b));
           }
         }
       }
@@ -201,7 +196,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         if (r >= valid || (kPageBoxes && !key_ok(src, r)))
           *reinterpret_cast<uint4*>(smem + C::kOffK + stage * C::kTileBytes + sw128(r, c)) = make_uint4(0u, 0u, 0u, 0u);
       }
-      sm90::fence_proxy_async_smem();
+      fence_proxy_async_smem();
       if (wg == 0) sm80::named_barrier(kBarZero0, 128);  // (immediate ids: a register id makes ptxas
       else sm80::named_barrier(kBarZero0 + 1, 128);     // reserve all 16 hardware barriers)
     };
@@ -247,7 +242,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base + r * 128 + ((j ^ (r % 8)) << 4) + 4 * qd),
                        "r"(pack2<T>(s[4 * j + 2 * h] * f[h], s[4 * j + 2 * h + 1] * f[h])));
       }
-      sm90::fence_proxy_async_smem();  // st.shared -> the other warpgroup's wgmma (after a hand-off)
+      fence_proxy_async_smem();  // st.shared -> the other warpgroup's wgmma (after a hand-off)
     };
     // m -> m_new: the factor 2^(m - m_new) for O and l (exactly 1 when m did not move, so that the
     // rescale can be skipped).
@@ -291,7 +286,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
 #pragma unroll
       for (int n = 0; n < count; ++n) {
         const int b = (first + n) % C::kBlocks;
-        sm90::mbar_wait(bar(wg, b), phase);
+        mbar_wait(bar(wg, b), phase);
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
           const uint64_t da = q_desc.at(b * C::kBlockBytes + 32 * ks);
@@ -322,7 +317,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         if (num_tiles > 1) copy_blocks(1, page[1], 1, 0, C::kBlocks);
       }
       sm80::cp_async_wait<0>();
-      sm90::fence_proxy_async_smem();  // Q (cp.async, generic proxy) -> wgmma
+      fence_proxy_async_smem();  // Q (cp.async, generic proxy) -> wgmma
     }
     __syncthreads();
     if (wg < num_tiles) {  // S of tile wg
@@ -343,7 +338,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         m_new[0] = fmaxf(m[0], mx[0]);
         m_new[1] = fmaxf(m[1], mx[1]);
         if (qd == 0) pair_max_a[row_lo] = m_new[0], pair_max_a[row_lo + 8] = m_new[1];
-        sm90::mbar_arrive(hand_off(kMaxA));
+        mbar_arrive(hand_off(kMaxA));
         move_max(m, m_new, f);
         l[0] *= f[0];
         l[1] *= f[1];
@@ -355,15 +350,15 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         issue_pv(o, pa, 0);
         wgmma_wait_all(o);
         if (issuer && has_next_a) copy_blocks(i + 2, next_page[0], 0, 0, 4);  // dims 0-255 of stage 0 are free
-        sm90::mbar_wait(hand_off(kMaxB), pair_phase);
+        mbar_wait(hand_off(kMaxB), pair_phase);
         m_new[0] = pair_max_b[row_lo];
         m_new[1] = pair_max_b[row_lo + 8];
         move_max(m, m_new, f);
         l[0] *= f[0];
         l[1] *= f[1];
         store_p(s, f, 0);  // P_a relative to m_b
-        sm90::mbar_arrive(hand_off(kPa));
-        sm90::mbar_wait(hand_off(kPb), pair_phase);  // P_b in stage 1's rope block
+        mbar_arrive(hand_off(kPa));
+        mbar_wait(hand_off(kPb), pair_phase);  // P_b in stage 1's rope block
         if (has_b) {
           rescale_rows(o, f);
           zero_invalid_v(i + 1, src[1], 1);
@@ -385,7 +380,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         }
         fence_accumulators(o);
       } else {
-        sm90::mbar_wait(hand_off(kMaxA), pair_phase);
+        mbar_wait(hand_off(kMaxA), pair_phase);
         float mx[2] = {-INFINITY, -INFINITY}, m_new[2], f[2];
         m_new[0] = pair_max_a[row_lo];
         m_new[1] = pair_max_a[row_lo + 8];
@@ -394,7 +389,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
         m_new[0] = fmaxf(m[0], mx[0]);
         m_new[1] = fmaxf(m[1], mx[1]);
         if (qd == 0) pair_max_b[row_lo] = m_new[0], pair_max_b[row_lo + 8] = m_new[1];
-        sm90::mbar_arrive(hand_off(kMaxB));
+        mbar_arrive(hand_off(kMaxB));
         float g[2];
         move_max(m, m_new, g);  // g = 2^(m_a - m_b)
         f[0] *= g[0];
@@ -409,12 +404,12 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
           store_p(s, one, 1);
           p_fragments(s, pb);
         }
-        sm90::mbar_arrive(hand_off(kPb));
+        mbar_arrive(hand_off(kPb));
         if (has_b) {
           zero_invalid_v(i + 1, src[1], 1);
           issue_pv(o, pb, 1);
         }
-        sm90::mbar_wait(hand_off(kPa), pair_phase);  // P_a' in stage 0's rope block
+        mbar_wait(hand_off(kPa), pair_phase);  // P_a' in stage 0's rope block
         zero_invalid_v(i, src[0], 0);
         issue_pv(o, nullptr, 0);
         if (has_b) {
@@ -448,9 +443,9 @@ void launch_decode_split_wgmma_pairs(const DecodeParams& p) {
   using C = PairsConfig;
   const char* what = "sm90 wgmma decode kernel (tile pairs)";
   if (p.tma_box_rows == kBlockN)
-    portable::launch_split_kernel(&decode_split_wgmma_pairs_kernel<T, false>, C::kThreads, C::kSmemLaunchBytes, what, p);
+    launch_split_kernel(&decode_split_wgmma_pairs_kernel<T, false>, C::kThreads, C::kSmemLaunchBytes, what, p);
   else
-    portable::launch_split_kernel(&decode_split_wgmma_pairs_kernel<T, true>, C::kThreads, C::kSmemLaunchBytes, what, p);
+    launch_split_kernel(&decode_split_wgmma_pairs_kernel<T, true>, C::kThreads, C::kSmemLaunchBytes, what, p);
 }
 
 template void launch_decode_split_wgmma_pairs<__nv_bfloat16>(const DecodeParams&);

@@ -7,10 +7,10 @@
 
 #include <cmath>
 
-#include "absorb/sm90/wgmma.cuh"
+#include "common/sm90/wgmma.cuh"
 #include "common/sm80.cuh"
 #include "decode/decode.h"
-#include "decode/portable/split_common.cuh"
+#include "decode/split_common.cuh"
 
 namespace mla::decode::hopper {
 
@@ -53,7 +53,7 @@ __device__ __forceinline__ void row_key_limits(const DecodeParams& p, int row0, 
 // warpgroups); out_scale multiplies the output (fp8's per-tensor scale, else 1). Ends with a barrier:
 // the next piece may reuse every shared buffer.
 template <typename T>
-__device__ __forceinline__ void finish_piece(const DecodeParams& p, const portable::SchedulePart& part, int req, int row0,
+__device__ __forceinline__ void finish_piece(const DecodeParams& p, const SchedulePart& part, int req, int row0,
                                              int rows_here, int wg, int row_lo, float* red, const float (&o)[2][64],
                                              const float (&m)[2], const float (&l)[2], float out_scale) {
   const int qd = threadIdx.x % 4;
@@ -66,7 +66,7 @@ __device__ __forceinline__ void finish_piece(const DecodeParams& p, const portab
   }
   __syncthreads();
   const int num_splits = p.split_info[req * kSplitInfoFields + 0];
-  const int64_t slot = portable::partial_slot(p, part, req, num_splits);
+  const int64_t slot = partial_slot(p, part, req, num_splits);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = row_lo + 8 * h;

@@ -12,8 +12,8 @@
 #include <cmath>
 #include <type_traits>
 
-#include "absorb/sm90/tma.cuh"     // kBulkRows (sm_90a code only)
-#include "absorb/sm90/wgmma.cuh"   // MLA_SM90A
+#include "common/mbarrier.cuh"  // kBulkRows, copy warps
+#include "common/target.h"     // MLA_SM90A
 #include "common/attn_sink.cuh"
 #include "common/cuda_check.h"
 #include "common/e4m3.cuh"
@@ -65,23 +65,23 @@ struct PortableConfig {
   static constexpr bool kE4m3Frags = kE4m3Frags_;
   static_assert(!kE4m3Frags || (kDsMla && kM == 16), "e4m3 fragments: fp8_ds_mla with 16-head tiles");
   // Hopper (sm_90a code only; the sparse decode's sm90 path): the e4m3-fragment kernel gathers each
-  // 656-byte row with one cp.async.bulk (issued by the copy warps below, or by lanes 0-7 of every
-  // warp; an mbarrier per staging buffer counts the 64 rows and their bytes) instead of 41 16-byte
+  // 656-byte row with one cp.async.bulk (issued by the copy warps below; an mbarrier per staging
+  // buffer counts the 64 rows and their bytes) instead of 41 16-byte
   // cp.async spread over kRowThreads threads: the rows' copies leave the load/store queue that the
   // fragment loads wait in, and a row that straddles cache lines costs the TMA engine no extra
   // instructions.
   static constexpr bool kBulkRows = kBulkRows_;
-  static_assert(!kBulkRows || kE4m3Frags, "bulk row copies: the e4m3-fragment kernel");
   // Who issues the bulk copies: kCopyWarps extra warps after the compute warps (kN / kCopyWarps
-  // rows each, one per lane), or with 0 lanes 0-7 of every compute warp. A warp issues its copies
-  // one after the other (the copy takes uniform-register operands: the compiler loops over the
-  // lanes, ~90 cycles per row on the H200), so in the compute warps the 8 copies held back each
-  // tile's MMAs by ~700 cycles; 4 copy warps take them off that path (csrc/sparse/README.md).
+  // rows each, one per lane). A warp issues its copies one after the other (the copy takes
+  // uniform-register operands: the compiler loops over the lanes, ~90 cycles per row on the H200),
+  // so issued by the compute warps the copies held back each tile's MMAs by ~700 cycles; the copy
+  // warps take them off that path (csrc/sparse/README.md).
   // Without bulk rows (kCpAsyncCopyWarps, sm80+): the copy warps gather with 16-byte cp.async,
   // kRowThreads threads per row, and each copy thread's cp.async.mbarrier.arrive counts on the
   // staging buffer's mbarrier (kCopyThreads arrivals per fill), so the compute warps never issue a
   // gather nor wait for one they issued.
   static constexpr int kCopyWarps = kCopyWarps_;
+  static_assert(!kBulkRows || (kE4m3Frags && kCopyWarps > 0), "bulk row copies: the e4m3-fragment kernel's copy warps");
   static constexpr bool kCpAsyncCopyWarps = kCopyWarps > 0 && !kBulkRows;
   static constexpr int kCopyThreads = 32 * kCopyWarps;
   // (kCopyWarps + (kCopyWarps == 0): no modulo by zero when the assert's first term already holds.)
@@ -260,8 +260,8 @@ static __device__ __align__(128) const uint8_t kZeroDsMlaRow[kDsMlaRowBytes] = {
 // cp.async.bulk completing on mbarrier `bar`; each row's thread arrives once per fill.
 __device__ __forceinline__ void bulk_ds_mla_row_or_zero_row(const SparseDecodeParams& p, const uint8_t* cache, int32_t slot,
                                                             bool ok, uint32_t block_size32, uint8_t* dst_row, uint32_t bar) {
-  sm90::mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
-  sm90::bulk_load(sm80::smem_addr(dst_row), ok ? slot_row(p, cache, slot, true, block_size32) : kZeroDsMlaRow, kDsMlaRowBytes, bar);
+  mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
+  bulk_load(sm80::smem_addr(dst_row), ok ? slot_row(p, cache, slot, true, block_size32) : kZeroDsMlaRow, kDsMlaRowBytes, bar);
 }
 
 // fp8_ds_mla: thread `part` of a row's kRowT threads copies 16-byte chunks part, part + kRowT, ...
@@ -414,24 +414,23 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
   // One tile of gathered rows: kRowThreads threads per row, each issues its row's chunks part,
   // part + kRowThreads, ... so one thread computes kRowThreads / 4 row addresses and keeps ~10-18
   // 16-byte copies in flight. 8 threads per row measured faster than 4 (fewer cache lines per
-  // copy instruction) in every kernel; 16 faster again for fp8_ds_mla rows since session 12 (4-8%,
-  // the kPvRaw and 16-head kernels), the same for bf16 rows (csrc/sparse/README.md).
+  // copy instruction) in every kernel; 16 faster again for fp8_ds_mla rows (4-8%, the kPvRaw and
+  // 16-head kernels), the same for bf16 rows (csrc/sparse/README.md).
   // Invalid keys (negative, past the cache, past topk_length) are zero-filled and never read.
   // Tiles are loaded in order; each thread's slot for the next tile is fetched one load ahead,
   // so the index read never stalls the issue of the row copies. The fetch is issued after the
   // copies (volatile asm keeps the order), when the old slot is dead: the load then writes the
   // loop-carried register itself, instead of a copy that would wait for the load at the end of
   // every tile.
-  // kBulkRows: lane l of copy warp c (or, without copy warps, of compute warp w) copies row
-  // 16 c + l (8 w + l), one slot each; the other lanes none.
+  // kBulkRows: lane l of copy warp c copies row 16 c + l, one slot each; the other lanes none.
   const bool copy_warp = Cfg::kCopyWarps > 0 && warp >= Cfg::kWarps;
-  constexpr int kBulkRowsPerWarp = kN / (Cfg::kCopyWarps > 0 ? Cfg::kCopyWarps : Cfg::kWarps);
+  constexpr int kBulkRowsPerWarp = kN / (Cfg::kCopyWarps > 0 ? Cfg::kCopyWarps : 1);
   constexpr int kRowT = Cfg::kRowThreads;
   constexpr int kRowsPerPass = Cfg::kBulkRows ? kN : (Cfg::kCpAsyncCopyWarps ? Cfg::kCopyThreads : Cfg::kThreads) / kRowT;
   constexpr int kPasses = kN / kRowsPerPass;
-  const bool bulk_lane = Cfg::kBulkRows && lane < kBulkRowsPerWarp && (Cfg::kCopyWarps == 0 || copy_warp);
+  const bool bulk_lane = Cfg::kBulkRows && lane < kBulkRowsPerWarp && copy_warp;
   const int load_tid = Cfg::kCpAsyncCopyWarps ? tid - Cfg::kThreads : tid;  // (cp.async copy warps: their own index)
-  const int load_row = Cfg::kBulkRows ? kBulkRowsPerWarp * (copy_warp ? warp - Cfg::kWarps : warp) + lane : load_tid / kRowT;
+  const int load_row = Cfg::kBulkRows ? kBulkRowsPerWarp * (warp - Cfg::kWarps) + lane : load_tid / kRowT;
   auto fetch_slot = [&](int tile, int pass) { return fetch_slot_ahead(work.idx_row, tile * kN + load_row + kRowsPerPass * pass, num_keys); };
   int32_t next_slot[kPasses];
 #pragma unroll
@@ -445,16 +444,11 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     if constexpr (Cfg::kBulkRows) {
 #if MLA_SM90A
       // valid_slot is the staging buffer's index (the e4m3-fragment loop), hence its mbarrier; the
-      // phase completes with the 64th arrival and the last byte. Copy warps: no generic writes at all
-      // (the compute warps write the row flags themselves); without them the copying lane flags its row
-      // and, a reader of the buffer's previous tile itself, fences the async proxy first.
+      // phase completes with the 64th arrival and the last byte. No generic writes at all (the
+      // compute warps write the row flags themselves).
       if (bulk_lane) {
         const int32_t slot = next_slot[0];
         const bool ok = slot >= 0 && slot < p.num_slots;
-        if constexpr (Cfg::kCopyWarps == 0) {
-          s_valid[valid_slot * kN + load_row] = ok;
-          sm90::fence_proxy_async_smem();
-        }
         bulk_ds_mla_row_or_zero_row(p, cache, slot, ok, block_size32, dst + load_row * kDsMlaRowBytes, bars + 8 * valid_slot);
         next_slot[0] = fetch_slot(tile + 1, 0);
       }
@@ -485,7 +479,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = fetch_slot(tile + 1, pass);
     // cp.async copy warps: this thread's arrival on the buffer's mbarrier once its copies have landed
-    if constexpr (Cfg::kCpAsyncCopyWarps) sm80::cp_async_mbarrier_arrive(bars + 8 * valid_slot);
+    if constexpr (Cfg::kCpAsyncCopyWarps) cp_async_mbar_arrive(bars + 8 * valid_slot);
   };
 
   // fp8_ds_mla staging -> K tile (dequant_ds_mla_rows); the 4 tile scales per key go to s_kscale
@@ -1080,22 +1074,22 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     auto wait_tile = [&](int t) {
       if constexpr (Cfg::kBulkRows) {
 #if MLA_SM90A
-        sm90::mbar_wait(bars + 8 * (t % kS), (t / kS) & 1);
+        mbar_wait(bars + 8 * (t % kS), (t / kS) & 1);
 #endif
       } else if constexpr (Cfg::kCpAsyncCopyWarps) {
-        sm80::mbarrier_wait_parity(bars + 8 * (t % kS), (t / kS) & 1);
+        mbar_wait(bars + 8 * (t % kS), (t / kS) & 1);
       }
     };
     if constexpr (Cfg::kCpAsyncCopyWarps) {
       if (tid == 0) {
-        for (int j = 0; j < kS; ++j) sm80::mbar_init(bars + 8 * j, Cfg::kCopyThreads);
+        for (int j = 0; j < kS; ++j) mbar_init(bars + 8 * j, Cfg::kCopyThreads);
       }
       __syncthreads();  // (the only CTA-wide barrier the copy warps join)
     } else if constexpr (Cfg::kBulkRows) {
 #if MLA_SM90A
       if (tid == 0) {
-        for (int j = 0; j < kS; ++j) sm90::mbar_init(bars + 8 * j, kN);
-        sm90::mbar_init_fence();
+        for (int j = 0; j < kS; ++j) mbar_init(bars + 8 * j, kN);
+        mbar_init_fence();
       }
       __syncthreads();  // (the only CTA-wide barrier the copy warps join)
 #else

@@ -3,8 +3,7 @@
 // Same contract and grid as the portable 64-head kernel (csrc/sparse/README.md): one CTA = one
 // query token, 64 heads, one split of the top-k list; 256 threads; 64-key tiles gathered into one
 // staging buffer (one cp.async.bulk per 656-byte row, lanes 0-7 of every warp, completion counted
-// by an mbarrier; MLA_EXT_SPARSE_SM90=cpasync: the portable kernels' 16-byte cp.async, 8 threads
-// per row), then dequantised e4m3 -> fp16 (exact, no scale) into one K tile. What changes is the
+// by an mbarrier), then dequantised e4m3 -> fp16 (exact, no scale) into one K tile. What changes is the
 // math, which the portable kernel runs as mma.sync with ldmatrix of both operands per warp
 // (Nsight Compute: issue-bound around shared loads, ~430 KB of operand reads per tile):
 //
@@ -30,8 +29,8 @@
 
 #include <cmath>
 
-#include "absorb/sm90/tma.cuh"
-#include "absorb/sm90/wgmma.cuh"
+#include "common/mbarrier.cuh"
+#include "common/sm90/wgmma.cuh"
 #include "common/cuda_check.h"
 #include "common/e4m3.cuh"
 #include "common/sm80.cuh"
@@ -45,16 +44,16 @@ namespace mla::sparse {
 // invalid row zero-filled by its thread with generic stores (the kernel fences the async proxy after every
 // tile's dequantisation) and an arrival without bytes. (Through the zero row this kernel measured ~2.5%
 // slower at b128 h_q 64 in a same-run A/B with every slot valid, i.e. from the code the compiler made
-// of it, not from zero-row copies: logs/s7_zero_row_ab.)
+// of it, not from zero-row copies.)
 __device__ __forceinline__ void bulk_ds_mla_row_or_zero_fill(const SparseDecodeParams& p, const uint8_t* cache, int32_t slot,
                                                              bool ok, uint32_t block_size32, uint8_t* dst_row, uint32_t bar) {
   if (ok) {
-    sm90::mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
-    sm90::bulk_load(sm80::smem_addr(dst_row), slot_row(p, cache, slot, true, block_size32), kDsMlaRowBytes, bar);
+    mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
+    bulk_load(sm80::smem_addr(dst_row), slot_row(p, cache, slot, true, block_size32), kDsMlaRowBytes, bar);
   } else {
 #pragma unroll 1
     for (int c = 0; c < kDsMlaRowBytes / 16; ++c) reinterpret_cast<uint4*>(dst_row)[c] = make_uint4(0u, 0u, 0u, 0u);
-    sm90::mbar_arrive(bar);
+    mbar_arrive(bar);
   }
 }
 
@@ -62,7 +61,6 @@ struct Sm90Fp8Config {
   static constexpr int kM = 64;         // heads per CTA
   static constexpr int kN = 64;         // keys per tile
   static constexpr int kThreads = 256;  // 2 warpgroups
-  static constexpr int kRowThreads = 8;  // threads per gathered row (as the portable kernels)
   static constexpr int kBlockBytes = 64 * 128;          // [64 rows][64 dims] 16-bit, one swizzle block
   static constexpr int kTileBytes = 9 * kBlockBytes;    // 576 dims
   static constexpr int kRawBytes = kN * kDsMlaRowBytes;  // one staging tile of 656-byte rows
@@ -88,14 +86,13 @@ __device__ __forceinline__ uint32_t sw128_off(int r, int c) {
   return static_cast<uint32_t>((c / 8) * Sm90Fp8Config::kBlockBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16));
 }
 
-// kBulk: rows gathered by one cp.async.bulk per row (64 threads issue, an mbarrier counts the
-// bytes) instead of 41 16-byte cp.async per row spread over 8 threads: Nsight Compute showed the
-// cp.async issue (LSU queue full: mio stalls, and the register reuse after it) as ~25% of the
-// stall samples; measured 621.5 vs 650.9 us (b128 s_q2 h_q128, same run, README.md). The compiler
-// serialises a warp's copies (the copy takes uniform-register operands): from threads 0-63 before the
-// S MMAs they delayed warpgroup 0's S (~20% of the stall samples at 69f4edf); now 8 per warp, issued
-// while the first S MMAs run (session 8: 606 / 617 -> 578 / 595 us).
-template <bool kBulk>
+// Rows gathered by one cp.async.bulk per row (64 threads issue, an mbarrier counts the bytes)
+// instead of 41 16-byte cp.async per row spread over 8 threads: Nsight Compute showed the cp.async
+// issue (LSU queue full: mio stalls, and the register reuse after it) as ~25% of the stall samples;
+// measured 621.5 vs 650.9 us (b128 s_q2 h_q128, same run). The compiler serialises a warp's copies
+// (the copy takes uniform-register operands): from threads 0-63 before the S MMAs they delayed
+// warpgroup 0's S (~20% of the stall samples); now 8 per warp, issued while the first S MMAs run
+// (606 / 617 -> 578 / 595 us).
 __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
     sparse_decode_sm90_fp8_kernel(const __grid_constant__ SparseDecodeParams p) {
 #if MLA_SM90A
@@ -126,55 +123,27 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
   // ---- loaders ------------------------------------------------------------------------------
   auto load_q = [&]() { load_q_tile<Cfg::kM, Cfg::kThreads>(p, b, s, h0, tid, s_q, [](int r, int c) { return sw128_off(r, c); }); };
   // Row gather into the staging tile; invalid keys are zero-filled and never read. Each thread's
-  // slots of the next tile are fetched after its copies (fetch_slot_ahead). kBulk: lane l < 8 of
-  // warp w copies row 8 w + l (a warp issues its bulk copies one lane after the other, ~90 cycles
-  // apart: 8 rows per warp fit in the S MMAs of the current tile, during which they are issued);
-  // else as the portable kernels, 8 threads per row (2 rows per thread), each copying every 8th
-  // 16-byte chunk.
-  constexpr int kRowT = Cfg::kRowThreads, kRowsPerPass = Cfg::kThreads / kRowT, kPasses = kN / kRowsPerPass;
-  constexpr int kRawChunks = kDsMlaRowBytes / 16;
+  // slots of the next tile are fetched after its copies (fetch_slot_ahead). Lane l < 8 of warp w
+  // copies row 8 w + l (a warp issues its bulk copies one lane after the other, ~90 cycles apart:
+  // 8 rows per warp fit in the S MMAs of the current tile, during which they are issued).
   constexpr int kBulkLanes = kN / (Cfg::kThreads / 32);
   static_assert(kBulkLanes * (Cfg::kThreads / 32) == kN, "bulk rows: the same number per warp");
-  const bool bulk_lane = kBulk && lane < kBulkLanes;
-  const int load_row = kBulk ? kBulkLanes * warp + lane : tid / kRowT, part = tid % kRowT;
-  auto fetch_slot = [&](int tile, int pass) {
-    return fetch_slot_ahead(work.idx_row, tile * kN + load_row + kRowsPerPass * pass, num_keys);
-  };
-  int32_t next_slot[kPasses];
-#pragma unroll
-  for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = !kBulk || (pass == 0 && bulk_lane) ? fetch_slot(tile_begin, pass) : -1;
+  const bool bulk_lane = lane < kBulkLanes;
+  const int load_row = kBulkLanes * warp + lane;
+  auto fetch_slot = [&](int tile) { return fetch_slot_ahead(work.idx_row, tile * kN + load_row, num_keys); };
+  int32_t next_slot = bulk_lane ? fetch_slot(tile_begin) : -1;
   const uint32_t block_size32 = block_size_u32(p);
   auto load_tile = [&](int tile, int valid_slot) {
-    if constexpr (kBulk) {
-      // Row load_row whole; an invalid row is zero-filled here (the dequantised tile must stay
-      // finite: P = 0 times V must be 0). Every row's lane arrives once (the barrier counts 64
-      // arrivals); valid rows add their bytes as transactions.
-      if (bulk_lane) {
-        const int32_t slot = next_slot[0];
-        const bool ok = slot >= 0 && slot < p.num_slots;
-        s_valid[valid_slot * kN + load_row] = ok;
-        // (no fence here: every thread fences the async proxy after the tile's dequantisation)
-        bulk_ds_mla_row_or_zero_fill(p, cache, slot, ok, block_size32, s_raw + load_row * kDsMlaRowBytes, bar);
-        next_slot[0] = fetch_slot(tile + 1, 0);
-      }
-    } else {
-#pragma unroll
-      for (int pass = 0; pass < kPasses; ++pass) {
-        const int r = load_row + kRowsPerPass * pass;
-        const int32_t slot = next_slot[pass];
-        const bool ok = slot >= 0 && slot < p.num_slots;
-        if (part == 0) s_valid[valid_slot * kN + r] = ok;
-        const uint8_t* row = slot_row(p, cache, slot, ok, block_size32);
-        // (copy_ds_mla_row_part's loop, written out: through the helper the compiler schedules this
-        // kernel differently from the build that ran on the GPU)
-#pragma unroll
-        for (int j = 0; j < (kRawChunks + kRowT - 1) / kRowT; ++j) {
-          const int c = part + kRowT * j;
-          if (c < kRawChunks) sm80::cp_async16(sm80::smem_addr(s_raw + r * kDsMlaRowBytes + 16 * c), row + 16 * c, ok);
-        }
-      }
-#pragma unroll
-      for (int pass = 0; pass < kPasses; ++pass) next_slot[pass] = fetch_slot(tile + 1, pass);
+    // Row load_row whole; an invalid row is zero-filled here (the dequantised tile must stay
+    // finite: P = 0 times V must be 0). Every row's lane arrives once (the barrier counts 64
+    // arrivals); valid rows add their bytes as transactions.
+    if (bulk_lane) {
+      const int32_t slot = next_slot;
+      const bool ok = slot >= 0 && slot < p.num_slots;
+      s_valid[valid_slot * kN + load_row] = ok;
+      // (no fence here: every thread fences the async proxy after the tile's dequantisation)
+      bulk_ds_mla_row_or_zero_fill(p, cache, slot, ok, block_size32, s_raw + load_row * kDsMlaRowBytes, bar);
+      next_slot = fetch_slot(tile + 1);
     }
   };
   // Staging -> K tile (dequant_ds_mla_rows, in the wgmma layout); the 4 scales per key go to
@@ -348,13 +317,11 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
 
   // ---- main loop ----------------------------------------------------------------------------
   // One staging buffer: tile t + 1's rows are in flight while tile t computes.
-  if constexpr (kBulk) {
-    if (tid == 0) {
-      sm90::mbar_init(bar, kN);
-      sm90::mbar_init_fence();
-    }
-    __syncthreads();
+  if (tid == 0) {
+    mbar_init(bar, kN);
+    mbar_init_fence();
   }
+  __syncthreads();
   if (num_tiles > 0) load_q();
   sm80::cp_async_commit();
   if (num_tiles > 0) load_tile(tile_begin, 0);
@@ -368,20 +335,17 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
     row_scale[1] = ldexpf(scale_log2, s_row_exp[r_lo + 8]);
   }
   for (int t = 0; t < num_tiles; ++t) {
-    if constexpr (kBulk) sm90::mbar_wait(bar, t & 1);  // tile t's rows (phase t of the barrier)
-    else sm80::cp_async_wait<0>();
+    mbar_wait(bar, t & 1);  // tile t's rows (phase t of the barrier)
     __syncthreads();  // staging holds tile t; everyone is done with K of tile t - 1
     dequant_tile();
-    sm90::fence_proxy_async_smem();  // the generic stores of K (and of q') -> wgmma's async proxy
+    fence_proxy_async_smem();  // the generic stores of K (and of q') -> wgmma's async proxy
     __syncthreads();                 // K holds tile t; staging is free
     // Tile t + 1's rows into the staging buffer: bulk copies from inside compute_tile, after its
     // first S MMAs are committed (issued before them, the copies held back the issuing warps'
-    // warpgroup, and the other one waited for it at the S exchange); cp.async copies here.
+    // warpgroup, and the other one waited for it at the S exchange).
     const bool load_next = t + 1 < num_tiles;
-    if (!kBulk && load_next) load_tile(tile_begin + t + 1, (t + 1) & 1);
-    sm80::cp_async_commit();
     compute_tile(t & 1, [&] {
-      if (kBulk && load_next) load_tile(tile_begin + t + 1, (t + 1) & 1);
+      if (load_next) load_tile(tile_begin + t + 1, (t + 1) & 1);
     });
   }
 
@@ -429,21 +393,13 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
 
 int sm90_fp8_m64_smem_bytes() { return Sm90Fp8Config::kSmemBytes; }
 
-template <bool kBulk>
-void launch_sm90_fp8(const SparseDecodeParams& p) {
+void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p) {
   using Cfg = Sm90Fp8Config;
-  auto kernel = sparse_decode_sm90_fp8_kernel<kBulk>;
+  auto kernel = sparse_decode_sm90_fp8_kernel;
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((p.h_q + Cfg::kM - 1) / Cfg::kM, p.num_splits, p.batch * p.s_q);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, p.stream>>>(p);
   MLA_CHECK_LAUNCH();
-}
-
-// bulk_rows: one bulk copy per row (the default); else the first version's gather (16-byte
-// cp.async, 8 threads per row), kept for comparisons and tests (sparse_decode.cu: sm90_bulk_rows).
-void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p, bool bulk_rows) {
-  if (bulk_rows) launch_sm90_fp8<true>(p);
-  else launch_sm90_fp8<false>(p);
 }
 
 }  // namespace mla::sparse

@@ -3,8 +3,6 @@
 #include "sparse/portable/sparse_decode_portable.cuh"
 
 namespace mla::sparse {
-template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2, false, 4>(const SparseDecodeParams&);
-template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2, false, 8>(const SparseDecodeParams&);
-template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2, false, 16>(const SparseDecodeParams&);
+template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 2>(const SparseDecodeParams&);
 template void launch_sparse_decode_portable<64, CacheFormat::kAuto, 1>(const SparseDecodeParams&);
 }  // namespace mla::sparse

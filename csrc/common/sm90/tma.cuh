@@ -1,6 +1,6 @@
-// sm90 building blocks for a TMA producer / wgmma consumer pipeline: mbarriers, bulk tensor
-// loads (cp.async.bulk.tensor) and, on the host, tensor maps for strided [T, H, K] activations.
-// Device functions are compiled only into sm_90a code (callers guard with MLA_SM90A).
+// TMA for the sm90 kernels: bulk tensor loads (cp.async.bulk.tensor, completing on the mbarriers
+// of common/mbarrier.cuh) and, on the host, tensor maps. Device functions are compiled only into
+// sm_90a code (callers guard with MLA_SM90A).
 #pragma once
 
 #include <cuda.h>
@@ -9,49 +9,14 @@
 
 #include <cstdint>
 
-#include "common/sm80.cuh"
+#include "common/mbarrier.cuh"
 
 namespace mla::sm90 {
-
-// ---- mbarriers (shared::cta, 8 bytes each; initialised as on sm80)
-using sm80::mbar_init;
-// Makes the initialised barriers visible to the async proxy (TMA completes transactions on them).
-__device__ __forceinline__ void mbar_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Arrives and announces `bytes` of TMA transactions that complete the current phase.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Spins until the phase with parity `parity` has completed. A fresh barrier counts as having
-// completed the phase of parity 1, so a producer's first wait on an "empty" barrier passes.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
 
 // Fetches a tensor map (in kernel parameter space) ahead of its first use, so the first load
 // does not wait for the descriptor.
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-
-// ---- plain bulk copy global -> shared of `bytes` (multiple of 16, both addresses 16-byte
-// aligned), completing `bytes` transactions on mbarrier `bar`: one instruction per contiguous row
-// instead of one 16-byte cp.async per thread and chunk.
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
-               : "memory");
 }
 
 // ---- bulk tensor loads global -> shared, completing `bytes` on mbarrier `bar`. Coordinates are
@@ -73,7 +38,7 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
 // is one 128-byte request. 256-byte promotion (which also brings the next 128 bytes of a row, the
 // next k piece, into L2) raised the L2 traffic of v_up at H = 128, T = 256 from 97 to 114 MB
 // for the same 50.4 MB read from DRAM (Nsight Compute, H200) and was 0.4-1.5 us slower at
-// H = 128, T = 64-1024 (absorb/README.md). The driver entry point is looked up once through the
+// H = 128, T = 64-1024 (csrc/absorb/README.md). The driver entry point is looked up once through the
 // runtime, so the library needs no -lcuda.
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {

@@ -1,18 +1,13 @@
-// sm90a building blocks for wgmma with both operands in shared memory: descriptors of
-// K-major tiles in the 128-byte swizzle, the m64n128k16 bf16 instruction, fences. Compiled only
-// into sm_90a code (callers guard with MLA_SM90A below); other targets never call them.
+// sm90a wgmma: shared-memory descriptors of tiles in the 128-byte swizzle, the bf16/fp16 and e4m3
+// instructions the kernels use, fences. Compiled only into sm_90a code (callers guard with
+// MLA_SM90A, common/target.h); other targets never call them.
 #pragma once
 
 #include <cstdint>
 
+#include "common/mbarrier.cuh"  // fence_proxy_async_smem, which orders st.shared before wgmma
 #include "common/sm80.cuh"
-
-// True in the device pass for sm_90a, where wgmma exists.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define MLA_SM90A 1
-#else
-#define MLA_SM90A 0
-#endif
+#include "common/target.h"
 
 namespace mla::sm90 {
 
@@ -23,7 +18,7 @@ namespace mla::sm90 {
 //   bits 0-13: start address >> 4; 16-29: leading byte offset >> 4 (unused for swizzled K-major,
 //   1 by convention); 32-45: stride byte offset >> 4 (1024 bytes between 8-row groups);
 //   62-63: layout type 1 = 128-byte swizzle.
-// (constexpr, host too: its constant high word is usable as an immediate, see decode/sm90/qk_wgmma.cuh.)
+// (constexpr, host too: its constant high word is usable as an immediate, kKmajorSw128DescHi below.)
 __host__ __device__ __forceinline__ constexpr uint64_t kmajor_sw128_desc(uint32_t smem_byte_addr) {
   return static_cast<uint64_t>((smem_byte_addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
          (uint64_t(1) << 62);
@@ -58,11 +53,6 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-// Generic-proxy writes to shared memory (st.shared, cp.async) become visible to wgmma's async
-// proxy only after this fence (then a barrier orders them across threads).
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 // Keeps the compiler from moving accumulator reads/writes across wgmma issue and wait.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
@@ -199,6 +189,44 @@ __device__ __forceinline__ void wgmma_m64nNk16_bf16(float (&d)[N / 2], uint64_t 
   if constexpr (N == 128) wgmma_m64n128k16_bf16(d, desc_a, desc_b, accumulate);
   else if constexpr (N == 64) wgmma_m64n64k16_bf16(d, desc_a, desc_b, accumulate);
   else wgmma_m64n32k16_bf16(d, desc_a, desc_b, accumulate);
+}
+
+// ---- the fp8 decode kernel's S^T = K q^T (csrc/decode/fp8_16rows/): e4m3 wgmma, whose
+// operands must both be K-major in shared memory (fp8 wgmma has no transposed forms).
+
+// Descriptors as their low 32 bits (kmajor_sw128_desc's start address and leading offset): its
+// high word is the same for every tile, and passed as an immediate it stays a constant; a low
+// word moves with k-steps and dim blocks by plain 32-bit adds (shared addresses stay below 2^18,
+// so no carry). Built from scratch for each wgmma, a descriptor pair cost ~12 instructions.
+// (SmemDesc above is the same split for instructions that take 64-bit descriptors.)
+__device__ __forceinline__ uint32_t kmajor_sw128_desc_lo(uint32_t smem_byte_addr) {
+  return static_cast<uint32_t>(kmajor_sw128_desc(smem_byte_addr));
+}
+inline constexpr uint32_t kKmajorSw128DescHi = static_cast<uint32_t>(kmajor_sw128_desc(0) >> 32);
+
+// d[64 x 32] (+)= a[64 x 32] * b[32 x 32], e4m3 operands, both K-major in shared memory (fp8
+// wgmma has no transposed forms), fp32 accumulators: d[4 i + e] is row 16 (warp % 4) + lane / 4
+// + 8 (e / 2), column 8 i + 2 (lane % 4) + e % 2. accumulate = false overwrites d. Descriptors:
+// low words (kmajor_sw128_desc_lo + byte offset / 16).
+__device__ __forceinline__ void wgmma_m64n32k32_e4m3(float (&d)[16], uint32_t desc_a_lo, uint32_t desc_b_lo, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b64 da, db;\nmov.b64 da, {%16, %18};\nmov.b64 db, {%17, %18};\n"
+      "setp.ne.b32 p, %19, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, da, db, p, 1, 1;\n}\n"
+      : MLA_WGMMA_D16(d, 0)
+      : "r"(desc_a_lo), "r"(desc_b_lo), "n"(kKmajorSw128DescHi), "r"(static_cast<int>(accumulate)));
+}
+
+// d[64 x 16] (+)= a[64 x 16] * b[16 x 16], bf16, both K-major in shared memory; d as above (i < 2).
+__device__ __forceinline__ void wgmma_m64n16k16_bf16(float (&d)[8], uint32_t desc_a_lo, uint32_t desc_b_lo, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b64 da, db;\nmov.b64 da, {%8, %10};\nmov.b64 db, {%9, %10};\n"
+      "setp.ne.b32 p, %11, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, da, db, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(desc_a_lo), "r"(desc_b_lo), "n"(kKmajorSw128DescHi), "r"(static_cast<int>(accumulate)));
 }
 
 }  // namespace mla::sm90

@@ -1,5 +1,4 @@
-// Portable (sm80+) split-KV decode for the fp8 caches ('fp8', 'fp8_ds_mla') with 16 query rows
-// per CTA: the memory-bound shape (h_q <= 16 after tensor parallelism, s_q = 1), where the
+// Split-KV decode for the fp8 caches ('fp8', 'fp8_ds_mla') with 16 query rows per CTA: the memory-bound shape (h_q <= 16 after tensor parallelism, s_q = 1), where the
 // kernel has to keep up with HBM while turning e4m3 bytes into MMA operands.
 //
 // No dequantisation pass. The cache rows stay e4m3 in shared memory; each warp converts the bytes
@@ -22,7 +21,9 @@
 // second CTA's copy of the schedule. (fp16 q: fp8_ds_mla's q'_pe meets the bf16 k_pe as two bf16
 // terms, hi and lo, so that nothing of the fp16 q is rounded away.)
 //
-// kQkWgmma (sm90a, bf16 q; chosen by decode.cu): QK^T leaves the mma.sync path, and with it every
+// One kernel template, two variants: mma.sync for every QK^T (every target: the portable path,
+// instantiations/split_fp8_16_mma.cu), and kQkWgmma (sm90a, bf16 q: instantiations/
+// split_fp8_16_wgmma.cu; chosen by decode/dispatch.cu): QK^T leaves the mma.sync path, and with it every
 // QK^T conversion, since Hopper has fp8 tensor math only in wgmma. S^T = K q'^T with
 // wgmma.m64n32k32.e4m3: the A operand is the stage's cache tile itself (K-major: dims contiguous
 // per key), laid out by the cp.async addresses as five [64 keys][128 B] blocks in the 128-byte
@@ -68,27 +69,25 @@
 #include "common/sm80.cuh"
 #include "common/vec.cuh"
 #include "decode/decode.h"
-#include "decode/portable/split_common.cuh"
-#include "absorb/sm90/tma.cuh"
-#include "decode/sm90/qk_wgmma.cuh"
+#include "decode/kernels.h"
+#include "decode/split_common.cuh"
+#include "common/mbarrier.cuh"
+#include "common/sm90/tma.cuh"
+#include "common/sm90/wgmma.cuh"
 
-// In the device pass for sm90 and newer: cp.async.bulk and mbarrier transaction counts (kBulkRows).
+// In the device passes for sm90 and newer (every target built): cp.async.bulk and mbarrier
+// transaction counts (kBulkRows).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define MLA_DECODE_BULK 1
 #else
 #define MLA_DECODE_BULK 0
 #endif
 
-namespace mla::decode::portable {
+namespace mla::decode::fp8_16rows {
 
 inline constexpr int align1024(int bytes) { return (bytes + 1023) / 1024 * 1024; }
 
-// How the sm90 kernel copies a tile with TMA (kTmaT): not at all (cp.async), as one page of whole
-// tiles (block_size % 64 == 0), or as 2-8 pages of block_size rows (block sizes 8, 16, 32).
-enum TmaTiles : int { kTmaNone = 0, kTmaWholePage = 1, kTmaPages = 2 };
-
-template <typename T, CacheFormat kFormat, int kRowThreadsT, bool kQkWgmmaT, int kTmaT = kTmaNone, bool kRawRowsT = false,
-          bool kBulkRowsT = false>
+template <typename T, CacheFormat kFormat, int kRowThreadsT, bool kQkWgmmaT, int kTmaT = kTmaNone, bool kRawRowsT = false>
 struct Fp8SplitConfig {
   static_assert(kFormat == CacheFormat::kFp8 || kFormat == CacheFormat::kFp8DsMla);
   static constexpr bool kDsMla = kFormat == CacheFormat::kFp8DsMla;
@@ -108,29 +107,26 @@ struct Fp8SplitConfig {
   static constexpr int kKeyChunks = 40;                      // per key in shared memory
   static constexpr int kKeyBytes = 16 * kKeyChunks;          // 640
   // kRawRows (mma.sync QK^T; block sizes that are multiples of 16, rows packed at 656 bytes for
-  // fp8_ds_mla): a stage holds the tile's 64 cache rows byte for byte, scales and k_pe in place, so each
-  // quarter of the team copies 16 rows as one contiguous 10496-byte run (prepare_raw: one page address
-  // per tile, 512 contiguous bytes per warp instruction). A 656-byte row is 16 bytes (one chunk)
+  // fp8_ds_mla, 576 for fp8): a stage holds the tile's 64 cache rows byte for byte, scales and k_pe in
+  // place, so each 16-row quarter of a tile is one contiguous run. A 656-byte row is 16 bytes (one chunk)
   // past a multiple of 128, so chunk c of key k lies at chunk (k + c) % 8 of a 128-byte line: the
   // keys themselves are the swizzle. QK^T then pairs keys 4 apart in each quarter-warp (qk_key)
   // and PV takes the natural key order.
   // fp8 raw rows (packed at 576 bytes, four chunks past a multiple of 128: chunk c of key k at place
-  // (4 k + c) % 8) come by bulk copies only (kBulkRows); QK^T pairs adjacent keys, and PV takes an even
+  // (4 k + c) % 8): QK^T pairs adjacent keys, and PV takes an even
   // and an odd key of each half of the tile per half-warp (pv_tile_key), whose rows lie 32 bytes apart
-  // (kRowHalfShift): conflict-free. (Keys qd + 4 e of one quarter had 2-way conflicts, logs/s15_fp8_raw.)
+  // (kRowHalfShift): conflict-free. (Keys qd + 4 e of one quarter had 2-way conflicts.)
   static constexpr bool kRawRows = kRawRowsT;
   static_assert(!kRawRows || !kQkWgmma, "raw rows: the mma.sync path");
   static constexpr int kRawRowBytes = kDsMla ? kDsMlaRowBytes : kLatentDim;  // 656 or 576
   static constexpr int kRawRowChunks = kRawRowBytes / 16;                    // 41 or 36
-  // kBulkRows (sm90 and newer): the raw rows of a quarter arrive as one bulk copy (cp.async.bulk,
-  // n_valid rows) issued by one thread, lane q of warp 0 for quarter q, counted on the stage's
-  // mbarrier, instead of 9-11 cp.async per thread of the team; when a tile is one page (block sizes
-  // that are multiples of 64) lane 0 copies all of it at once. Rows a copy leaves out (past the
-  // sequence, invalid page) are zeroed after the wait. The row flags are then the quarters' counts
-  // of valid rows (stage_row_valid).
-  static constexpr bool kBulkRows = kBulkRowsT;
-  static_assert(!kBulkRows || kRawRows, "bulk copies move raw rows");
-  static_assert(!kRawRows || kDsMla || kBulkRows, "fp8 raw rows come by bulk copies");
+  // Raw rows arrive by bulk copies (kBulkRows; every target has cp.async.bulk): the raw rows of a
+  // quarter as one copy (n_valid rows) issued by one thread, lane q of warp 0 for quarter q, counted
+  // on the stage's mbarrier, instead of 9-11 cp.async per thread of the team; when a tile is one page
+  // (block sizes that are multiples of 64) lane 0 copies all of it at once. Rows a copy leaves out
+  // (past the sequence, invalid page) are zeroed after the wait. The row flags are then the
+  // quarters' counts of valid rows (stage_row_valid).
+  static constexpr bool kBulkRows = kRawRows;
   // Cache rows in a stage: chunk c of key k at key_chunk_offset(k, c) (see there): rows of 640
   // bytes (mma.sync path), of 656 / 576 (kRawRows) or five [64 keys][128 B] blocks (wgmma path).
   static constexpr int kKeyStride = kQkWgmma ? 128 : kRawRows ? kRawRowBytes : kKeyBytes;  // bytes between keys
@@ -297,10 +293,9 @@ __device__ __forceinline__ bool stage_row_valid(const uint8_t* flags, int k) {
   return flags[k] != 0;
 }
 
-template <typename T, CacheFormat kFormat, int kRowThreads, bool kQkWgmma, int kTma = kTmaNone, bool kRawRows = false,
-          bool kBulkRows = false>
+template <typename T, CacheFormat kFormat, int kRowThreads, bool kQkWgmma, int kTma = kTmaNone, bool kRawRows = false>
 __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_constant__ DecodeParams p) {
-  using C = Fp8SplitConfig<T, kFormat, kRowThreads, kQkWgmma, kTma, kRawRows, kBulkRows>;
+  using C = Fp8SplitConfig<T, kFormat, kRowThreads, kQkWgmma, kTma, kRawRows>;
   constexpr bool kTmaTiles = C::kTmaTiles;
   using sm80::cp_async16;
   using sm80::mma_16816;
@@ -337,16 +332,16 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       // One arrival per page of a tile (whole page: 1; else p.tma_box_rows rows each): its
       // thread's expect_tx.
       const uint32_t arrivals = kTma == kTmaWholePage ? 1 : kBlockN / p.tma_box_rows;
-      for (int s2 = 0; s2 < C::kStages; ++s2) sm90::mbar_init(tile_bar + 8 * s2, arrivals);
-      sm90::mbar_init_fence();
+      for (int s2 = 0; s2 < C::kStages; ++s2) mbar_init(tile_bar + 8 * s2, arrivals);
+      mbar_init_fence();
     }
     __syncthreads();
 #endif
   } else if constexpr (C::kBulkRows) {
 #if MLA_DECODE_BULK
     if (ttid == 0) {  // one arrival per quarter (its issuing thread's expect_tx, or a plain arrival)
-      for (int s2 = 0; s2 < C::kStages; ++s2) sm90::mbar_init(tile_bar + 8 * s2, 4);
-      sm90::mbar_init_fence();
+      for (int s2 = 0; s2 < C::kStages; ++s2) mbar_init(tile_bar + 8 * s2, 4);
+      mbar_init_fence();
     }
     __syncthreads();
 #else
@@ -383,9 +378,8 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     struct Pages {
       int id[kRR];  // one page per row; whole-tile pages: id[0] is the tile's page
     };
-    // Raw rows: quarter raw_q of the team copies rows 16 raw_q .. + 15 of each tile (prepare_raw);
-    // bulk copies: thread q (< 4) of warp 0 copies quarter q (issue_bulk).
-    const int raw_q = C::kBulkRows ? ttid % 4 : ttid / 64, raw_t = ttid % 64;
+    // Raw rows: thread q (< 4) of warp 0 copies quarter q, rows 16 q .. + 15 of each tile (issue_bulk).
+    const int raw_q = ttid % 4;
     auto page_of = [&](int t) {
       Pages pg;
       if constexpr (C::kRawRows) {
@@ -469,43 +463,6 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
         }
       }
     };
-    // Raw rows by cp.async (fp8_ds_mla; block_size % 16 == 0, 656-byte row stride): the 16 rows of a quarter lie on one page,
-    // back to back, so thread raw_t copies chunks raw_t + 64 i (i < 11; 41 per row) of that run to
-    // the same offsets in the stage: one source address per tile, immediate offsets, and 512
-    // contiguous bytes per warp instruction (the row copies above straddle 128-byte lines: 11.2
-    // shared wavefronts per instruction against 4, logs/s13_line_copies). Chunks of rows past the
-    // sequence or of an invalid page are zero-filled (chunk q is in row q / 41: q < 41 n_valid).
-    struct RawCopy {
-      const uint8_t* src;  // chunk raw_t of the quarter's first row
-      uint32_t dst;
-      int limit;           // 41 n_valid - raw_t: chunk raw_t + 64 i is valid when 64 i < limit
-    };
-    auto prepare_raw = [&](int t, int stage, const Pages& pg) {
-      RawCopy c;
-      uint8_t* st = team_smem + C::kOffStages + stage * C::kStageBytes;
-      const auto* const cache = static_cast<const uint8_t*>(p.kv_cache);
-      const int k0 = t * kBlockN + 16 * raw_q, page = pg.id[0];
-      const bool page_ok = page >= 0 && page < p.num_blocks;  // (page >= 0: k0 < kv_len)
-      const int n_valid = page_ok ? min(16, kv_len - k0) : 0;
-      c.src = (page_ok ? cache + int64_t(page) * p.stride_cache_block_bytes +
-                             int64_t(p.block_div.mod(k0, p.block_div.div(k0))) * kDsMlaRowBytes
-                       : cache) + 16 * raw_t;  // (invalid: any valid address)
-      c.dst = smem_addr(st) + 16 * raw_q * kDsMlaRowBytes + 16 * raw_t;
-      c.limit = 41 * n_valid - raw_t;
-      if (raw_t < 16) st[C::kStageKeyBytes + 16 * raw_q + raw_t] = raw_t < n_valid;
-      return c;
-    };
-    // All of them go out before QK^T (half 0): 118.9 against 119.9 us with 5 of 11 before it, as the row
-    // copies split theirs; all after it 124.9 us (H200, logs/s14_copy_timing).
-    auto issue_raw = [&](const RawCopy& c, int half) {
-      static_assert(kDsMlaRowBytes == 41 * 16, "raw rows are 41 chunks");
-      if (half != 0) return;
-#pragma unroll
-      for (int i = 0; i < 11; ++i) {
-        if (i == 10 && raw_t >= 16) continue;  // 16 rows = 656 chunks = 10 x 64 + 16
-        cp_async16(c.dst + 1024 * i, c.src + 1024 * i, 64 * i < c.limit);
-      }
-    };
     // kBulkRows: thread q < 4 of the team (warp 0: the other warps skip the copies) writes the count of
     // valid rows of quarter q of tile t (flag byte q) and copies the quarter's valid rows as one bulk
     // copy, arriving on the stage's mbarrier with the bytes; when the tile is one page, thread 0 copies
@@ -528,27 +485,18 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       if (rows > 0) {
         const auto* const src = static_cast<const uint8_t*>(p.kv_cache) + int64_t(page) * p.stride_cache_block_bytes +
                                 int64_t(p.block_div.mod(k0, p.block_div.div(k0))) * C::kRawRowBytes;
-        sm90::mbar_arrive_expect_tx(bar, rows * C::kRawRowBytes);
-        sm90::bulk_load(stage_base + stage * C::kStageBytes + raw_row_offset<C>(16 * raw_q), src, rows * C::kRawRowBytes, bar);
+        mbar_arrive_expect_tx(bar, rows * C::kRawRowBytes);
+        bulk_load(stage_base + stage * C::kStageBytes + raw_row_offset<C>(16 * raw_q), src, rows * C::kRawRowBytes, bar);
       } else {
-        sm90::mbar_arrive(bar);  // nothing (more) to copy
+        mbar_arrive(bar);  // nothing (more) to copy
       }
 #endif
     };
-    using TileCopy = std::conditional_t<C::kRawRows, RawCopy, RowCopy>;
-    auto prepare_copy = [&](int t, int stage, const Pages& pg) {
-      if constexpr (C::kRawRows) return prepare_raw(t, stage, pg);
-      else return prepare_rows(t, stage, pg);
-    };
-    auto issue_copy = [&](const TileCopy& c, int half) {
-      if constexpr (C::kRawRows) issue_raw(c, half);
-      else issue_rows(c, half);
-    };
     auto load_tile = [&](int t, int stage, const Pages& pg) {
       if constexpr (C::kBulkRows) return issue_bulk(t, stage, pg);
-      const TileCopy c = prepare_copy(t, stage, pg);
-      issue_copy(c, 0);
-      issue_copy(c, 1);
+      const RowCopy c = prepare_rows(t, stage, pg);
+      issue_rows(c, 0);
+      issue_rows(c, 1);
     };
     // kTmaWholePage: tile t is one page (page_id: its block-table entry, read a tile ahead by
     // threads 0-64); thread 0 copies it as five [64 rows][128 B] boxes (+ fp8_ds_mla's scales),
@@ -561,7 +509,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
     // page copies it: five [rows][128 B] boxes (+ scales) at row offset j * rows of page j,
     // completing its share of the stage's mbarrier (or arriving without bytes when the page is
     // invalid or past the sequence). (The whole-page path is kept separate: the per-row lookups
-    // and votes cost block size 64 ~3.5% in a same-run A/B, logs/s5_ab_whole_page.)
+    // and votes cost block size 64 ~3.5% in a same-run A/B.)
     const bool page_row_thread = warp < 4 && lane < 16;
     const int page_row = 16 * warp + lane;
     auto tma_page_of = [&](int t) {
@@ -580,14 +528,14 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
           const uint32_t bar = tile_bar + 8 * stage, dst = stage_base + stage * C::kStageBytes;
           if (page_ok) {
             const int row = p.block_div.mod(k0, p.block_div.div(k0));
-            sm90::mbar_arrive_expect_tx(bar, C::kTmaRowBytes * kBlockN);
+            mbar_arrive_expect_tx(bar, C::kTmaRowBytes * kBlockN);
 #pragma unroll
             for (int b = 0; b < 5; ++b)  // nope blocks, then the rope dims (fp8: 64 bytes + 64 zeros)
               sm90::tma_load_3d(dst + b * C::kBlockStride, &p.kv_map, bar,
                                 b < 4 ? 128 * b : (C::kDsMla ? kDsMlaRopeOffset : kKvLoraRank), row, page_id);
             if constexpr (C::kDsMla) sm90::tma_load_3d(dst + C::kStageKeyBytes, &p.scale_map, bar, 0, row, page_id);
           } else {
-            sm90::mbar_arrive(bar);  // nothing to copy: every row of the tile is invalid
+            mbar_arrive(bar);  // nothing to copy: every row of the tile is invalid
           }
         }
       } else if (page_row_thread) {
@@ -603,14 +551,14 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
           const uint32_t bar = tile_bar + 8 * stage, dst = stage_base + stage * C::kStageBytes;
           if (row_ok) {  // (the page's first row is valid: copy the page, later rows get zeroed)
             const int row = p.block_div.mod(key, p.block_div.div(key));
-            sm90::mbar_arrive_expect_tx(bar, C::kTmaRowBytes * rows);
+            mbar_arrive_expect_tx(bar, C::kTmaRowBytes * rows);
 #pragma unroll
             for (int b = 0; b < 5; ++b)  // nope blocks, then the rope dims (fp8: 64 bytes + 64 zeros)
               sm90::tma_load_3d(dst + b * C::kBlockStride + page_row * 128, &p.kv_map, bar,
                                 b < 4 ? 128 * b : (C::kDsMla ? kDsMlaRopeOffset : kKvLoraRank), row, page_id);
             if constexpr (C::kDsMla) sm90::tma_load_3d(dst + C::kStageKeyBytes + page_row * 16, &p.scale_map, bar, 0, row, page_id);
           } else {
-            sm90::mbar_arrive(bar);  // nothing to copy: every row of this page is invalid
+            mbar_arrive(bar);  // nothing to copy: every row of this page is invalid
           }
         }
       }
@@ -695,7 +643,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(qb + b_operand_offset(r, kKvLoraRank + 2 * d)), "r"(v));
           }
         }
-        sm90::fence_proxy_async_smem();  // st.shared -> wgmma's async proxy (the barrier below)
+        fence_proxy_async_smem();  // st.shared -> wgmma's async proxy (the barrier below)
       } else if (team == 0 && kh == 0) {
         // The A fragments of each dim group, built once per piece by team 0's warps 0-3.
         const int e0 = row_exp[grp], e1 = row_exp[grp + 8];
@@ -740,7 +688,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       const uint8_t* flags = st + C::kStageKeyBytes + C::kStageScaleBytes;
       if constexpr (kTmaTiles) {
 #if MLA_SM90A
-        sm90::mbar_wait(tile_bar + 8 * stage, (tile_phase >> stage) & 1);
+        mbar_wait(tile_bar + 8 * stage, (tile_phase >> stage) & 1);
         tile_phase ^= 1u << stage;
         // Invalid rows (past the sequence, or of an invalid page) hold whatever the page or the
         // stage's previous tile left: their scores are masked, but their values and scales meet
@@ -756,7 +704,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
               uint8_t* dst = c < 32 ? st + key_chunk_offset<C>(r, c) : st + C::kStageKeyBytes + 16 * r;
               if (c < 32 || C::kDsMla) *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
             }
-            sm90::fence_proxy_async_smem();
+            fence_proxy_async_smem();
           }
         } else if (*reinterpret_cast<const uint32_t*>(flags + kBlockN) != 0) {  // warps 0-3's votes
           for (int idx = ttid; idx < kBlockN * 33; idx += C::kTeamThreads) {
@@ -765,12 +713,12 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
             uint8_t* dst = c < 32 ? st + key_chunk_offset<C>(r, c) : st + C::kStageKeyBytes + 16 * r;
             if (c < 32 || C::kDsMla) *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
           }
-          sm90::fence_proxy_async_smem();
+          fence_proxy_async_smem();
         }
 #endif
       } else if constexpr (C::kBulkRows) {
 #if MLA_DECODE_BULK
-        sm90::mbar_wait(tile_bar + 8 * stage, (tile_phase >> stage) & 1);
+        mbar_wait(tile_bar + 8 * stage, (tile_phase >> stage) & 1);
         tile_phase ^= 1u << stage;
         // Rows the bulk copies left out hold what the stage held before (an earlier tile, the
         // end-of-piece exchange, or nothing yet): zeroed, so that their values and scales meet
@@ -781,24 +729,24 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
             const int r = idx / C::kRawRowChunks, c = idx % C::kRawRowChunks;
             if (!stage_row_valid<C>(flags, r)) *reinterpret_cast<uint4*>(st + raw_row_offset<C>(r) + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
           }
-          sm90::fence_proxy_async_smem();
+          fence_proxy_async_smem();
         }
 #endif
       } else {
         sm80::cp_async_wait<0>();
-        if constexpr (kQkWgmma) sm90::fence_proxy_async_smem();  // cp.async data -> wgmma
+        if constexpr (kQkWgmma) fence_proxy_async_smem();  // cp.async data -> wgmma
       }
       team_sync();  // tile i landed for the team; the team is done with its previous tile
       const bool load_next = i + C::kTeams < num_tiles;
-      TileCopy next_copy{};
+      RowCopy next_copy{};
       if constexpr (C::kBulkRows) {
         if (load_next && warp == 0) {  // (a warp-uniform branch: the other warps skip it)
           issue_bulk(tile_begin + i + C::kTeams, (li + 1) % C::kStages, next_page);
           next_page = page_of(tile_begin + i + 2 * C::kTeams);
         }
       } else if (load_next && !kTmaTiles) {
-        next_copy = prepare_copy(tile_begin + i + C::kTeams, (li + 1) % C::kStages, next_page);
-        issue_copy(next_copy, 0);
+        next_copy = prepare_rows(tile_begin + i + C::kTeams, (li + 1) % C::kStages, next_page);
+        issue_rows(next_copy, 0);
         next_page = page_of(tile_begin + i + 2 * C::kTeams);
       }
       const uint32_t kbase = stage_base + stage * C::kStageBytes;
@@ -814,7 +762,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
             tma_page = tma_page_of(tile_begin + i + 2 * C::kTeams);
           }
         } else if constexpr (!C::kBulkRows) {
-          if (load_next) issue_copy(next_copy, 1);
+          if (load_next) issue_rows(next_copy, 1);
           sm80::cp_async_commit();
         }
         // V reference R of this warp's tile (P' = P scale / R in fp16): see e4m3::update_scale_ref.
@@ -1124,7 +1072,7 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
       if (lane == 0) xr[warp] = v_ref;
 #if MLA_DECODE_BULK
       // (team 1's stages: these stores come before the next piece's bulk copies into them)
-      if constexpr (C::kBulkRows) sm90::fence_proxy_async_smem();
+      if constexpr (C::kBulkRows) fence_proxy_async_smem();
 #endif
     }
     __syncthreads();
@@ -1176,77 +1124,12 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
   }
 }
 
-// Threads per cache row in the tile loads, measured on the H200 (memory-bound b128 x 4096, same
-// run): fp8_ds_mla 150.7 us with 4, 145.5 us with 8 (656-byte rows: 128 contiguous bytes per row
-// and warp instruction); fp8 107.6 us with 4, 112.7 us with 8 (more registers, 36 chunks do not
-// split evenly over 8 threads). fp8_ds_mla copies raw rows instead where the layout allows (below):
-// 119.5 us against 142.5 with 8 threads per row (logs/s14_raw_rows). MLA_EXT_DECODE_ROW_THREADS=4 or 8
-// forces row copies with that many threads (comparisons, tests).
-inline int decode_row_threads_env() {  // 4 or 8 when forced, else 0
-  static const int forced = [] {
-    const char* v = std::getenv("MLA_EXT_DECODE_ROW_THREADS");
-    const int n = v == nullptr ? 0 : std::atoi(v);
-    return n == 4 || n == 8 ? n : 0;
-  }();
-  return forced;
-}
-template <CacheFormat kFormat>
-int decode_row_threads() {
-  const int forced = decode_row_threads_env();
-  if (forced != 0) return forced;
-  return kFormat == CacheFormat::kFp8DsMla ? 8 : 4;
-}
-// The mma.sync path copies raw rows (kRawRows) where a tile's 16-row quarters lie on one page with
-// rows packed (656 bytes for fp8_ds_mla, 576 for fp8), unless MLA_EXT_DECODE_ROW_THREADS asks for row
-// copies: fp8_ds_mla with bulk copies on sm90 and newer (kBulkRows, p.bulk_rows: 113 against 117 us,
-// logs/s15_bulk_rows), else with cp.async; fp8 only with bulk copies.
-template <CacheFormat kFormat>
-bool decode_raw_rows(const DecodeParams& p) {
-  constexpr bool kDs = kFormat == CacheFormat::kFp8DsMla;
-  return decode_row_threads_env() == 0 && p.block_size % 16 == 0 && (kDs || p.bulk_rows) &&
-         p.stride_cache_token_bytes == (kDs ? kDsMlaRowBytes : kLatentDim);
-}
-
-// kQkWgmma: the sm90a kernel (QK^T on wgmma); instantiated in split_fp8_16_sm90.cu, launched only
-// on sm90 devices (decode.cu).
-template <typename T, CacheFormat kFormat, bool kQkWgmma>
+// kQkWgmma: the sm90a kernel (QK^T on wgmma), launched only on sm90 devices (decode/dispatch.cu).
+template <typename T, CacheFormat kFormat, int kRowThreads, bool kQkWgmma, int kTma, bool kRawRows>
 void launch_decode_split_fp8(const DecodeParams& p) {
-  const char* what = kQkWgmma ? "sm90 fp8 decode kernel" : "portable fp8 decode kernel";
-  if constexpr (kQkWgmma) {
-    if (p.tma_tiles) {  // TMA tile copies (the row-thread count does not apply)
-      if (p.tma_box_rows == kBlockN) {
-        using C = Fp8SplitConfig<T, kFormat, 8, true, kTmaWholePage>;
-        launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8, true, kTmaWholePage>, C::kThreads, C::kSmemLaunchBytes, what, p);
-      } else {
-        using C = Fp8SplitConfig<T, kFormat, 8, true, kTmaPages>;
-        launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8, true, kTmaPages>, C::kThreads, C::kSmemLaunchBytes, what, p);
-      }
-      return;
-    }
-  }
-  if constexpr (!kQkWgmma) {
-    if (decode_raw_rows<kFormat>(p) && p.bulk_rows) {
-      using C = Fp8SplitConfig<T, kFormat, 8, false, kTmaNone, true, true>;
-      launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8, false, kTmaNone, true, true>, C::kThreads, C::kSmemLaunchBytes,
-                          what, p);
-      return;
-    }
-    if constexpr (kFormat == CacheFormat::kFp8DsMla) {
-      if (decode_raw_rows<kFormat>(p)) {
-        using C = Fp8SplitConfig<T, kFormat, 8, false, kTmaNone, true>;
-        launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8, false, kTmaNone, true>, C::kThreads, C::kSmemLaunchBytes, what,
-                            p);
-        return;
-      }
-    }
-  }
-  if (decode_row_threads<kFormat>() == 4) {
-    using C = Fp8SplitConfig<T, kFormat, 4, kQkWgmma>;
-    launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 4, kQkWgmma>, C::kThreads, C::kSmemLaunchBytes, what, p);
-  } else {
-    using C = Fp8SplitConfig<T, kFormat, 8, kQkWgmma>;
-    launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, 8, kQkWgmma>, C::kThreads, C::kSmemLaunchBytes, what, p);
-  }
+  using C = Fp8SplitConfig<T, kFormat, kRowThreads, kQkWgmma, kTma, kRawRows>;
+  launch_split_kernel(&decode_split_fp8_kernel<T, kFormat, kRowThreads, kQkWgmma, kTma, kRawRows>, C::kThreads,
+                      C::kSmemLaunchBytes, kQkWgmma ? "sm90 fp8 decode kernel" : "fp8 16-row decode kernel", p);
 }
 
-}  // namespace mla::decode::portable
+}  // namespace mla::decode::fp8_16rows

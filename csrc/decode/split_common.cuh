@@ -1,4 +1,5 @@
-// Pieces shared by the portable split kernels: the cache row lookup and the launch.
+// Pieces shared by every split kernel (portable, fp8 16-row, sm90): the schedule walk, the cache
+// row lookup, the q loads and the launch.
 #pragma once
 
 #include <string>
@@ -9,7 +10,7 @@
 #include "common/pdl.cuh"
 #include "decode/decode.h"
 
-namespace mla::decode::portable {
+namespace mla::decode {
 
 // Page id of position `key` of a request whose block-table row is `bt`, or -1 at or past kv_len.
 // (Split from the address so that a kernel can read the block table a tile ahead.)
@@ -90,4 +91,4 @@ inline void launch_split_kernel(void (*kernel)(DecodeParams), int threads, int s
   MLA_CHECK_LAUNCH();
 }
 
-}  // namespace mla::decode::portable
+}  // namespace mla::decode
