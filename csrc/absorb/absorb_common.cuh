@@ -64,17 +64,4 @@ __device__ __forceinline__ void dequant_w_uv_sw128(uint8_t* tiles, const uint8_t
   }
 }
 
-// Opts `kernel` (whose launch configuration is Cfg) in to Cfg::kSmemBytes of dynamic shared
-// memory, once per device: the attribute is per device, and setting it costs a driver call.
-template <class Cfg>
-void opt_in_smem_once(const void* kernel, int device) {
-  constexpr int kMaxDevices = 64;
-  static bool configured[kMaxDevices] = {};
-  MLA_HOST_CHECK(device >= 0 && device < kMaxDevices, "device index out of range");
-  if (!configured[device]) {
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-    configured[device] = true;
-  }
-}
-
 }  // namespace mla::absorb

@@ -26,6 +26,7 @@
 #include "absorb/absorb.h"
 #include "absorb/absorb_common.cuh"
 #include "absorb/absorb_gemm.h"
+#include "common/arch.h"
 #include "common/cuda_check.h"
 #include "common/sm80.cuh"
 
@@ -176,7 +177,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) v_up_ksplit_kernel(const __grid
 template <class Cfg>
 void launch_v_up_ksplit(const AbsorbParams& p) {
   auto kernel = v_up_ksplit_kernel<Cfg>;
-  opt_in_smem_once<Cfg>(reinterpret_cast<const void*>(kernel), p.device);
+  opt_in_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, p.device);
   const int64_t num_tiles = (p.num_tokens + Cfg::BM - 1) / Cfg::BM;
   MLA_HOST_CHECK(p.num_heads <= 65535 && num_tiles <= 65535, "v_up: grid too large (H or T)");
   const dim3 grid(kVHeadDim / Cfg::BN, static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_tiles));

@@ -36,6 +36,20 @@ const DeviceInfo& device_info(int device) {
   return cache[device];
 }
 
+void opt_in_smem(const void* kernel, int bytes, int device) {
+  struct Done {
+    const void* kernel;
+    int bytes, device;
+  };
+  static std::mutex mutex;
+  static std::vector<Done> done;  // a few dozen kernels x devices
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const Done& d : done)
+    if (d.kernel == kernel && d.bytes == bytes && d.device == device) return;
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done.push_back({kernel, bytes, device});
+}
+
 namespace {
 // -1: not decided yet; 0 / 1 after the first force_portable() (from the environment) or an override.
 std::atomic<int> g_force_portable{-1};

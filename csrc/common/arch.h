@@ -12,6 +12,11 @@ struct DeviceInfo {
 // Throws on a CUDA error. Thread-safe; queries each device once.
 const DeviceInfo& device_info(int device);
 
+// Opts `kernel` in to `bytes` of dynamic shared memory on `device`, once per (kernel, device,
+// bytes): the attribute is per device, and setting it is a driver call that would otherwise cost
+// host time on every launch. Throws on a CUDA error.
+void opt_in_smem(const void* kernel, int bytes, int device);
+
 // Whether ops that have an architecture-specific path (sm90 wgmma/TMA) take the portable one
 // (mma.sync: what sm100 runs), so that code is tested on an H200 too. The environment variable
 // MLA_EXT_FORCE_PORTABLE (set to a non-empty value other than "0") decides, read once, unless

@@ -24,7 +24,7 @@
 #include "common/arch.h"
 #include "common/cuda_check.h"
 #include "common/dispatch.h"
-#include "common/sm90/tma.cuh"
+#include "common/sm90/tensor_map.h"
 #include "decode/combine/combine.h"
 #include "decode/decode.h"
 #include "decode/kernels.h"

@@ -85,7 +85,7 @@ inline void launch_split_kernel(void (*kernel)(DecodeParams), int threads, int s
   MLA_HOST_CHECK(device_info(device).max_smem_per_block >= smem_bytes,
                  std::string("the ") + what + " needs " + std::to_string(smem_bytes) +
                      " bytes of shared memory per block, more than this GPU offers");
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  opt_in_smem(reinterpret_cast<const void*>(kernel), smem_bytes, device);
   const dim3 grid(p.num_parts, num_m_blocks(p.num_rows, p.format));
   kernel<<<grid, threads, smem_bytes, p.stream>>>(p);
   MLA_CHECK_LAUNCH();

@@ -276,7 +276,7 @@ bool launch_v_up_tma(const AbsorbParams& p, TmaVUpSchedule schedule) {
   args.later_ahead = Cfg::kStages;
   if (!make_v_up_tensor_maps<Cfg::BM>(p, Cfg::kFp8, &args.x_map, &args.w_map)) return false;
   auto kernel = v_up_tma_kernel<Cfg>;
-  opt_in_smem_once<Cfg>(reinterpret_cast<const void*>(kernel), p.device);
+  opt_in_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, p.device);
   const int64_t num_tiles = (p.num_tokens + Cfg::BM - 1) / Cfg::BM;
   // One wave: as many M splits as leave no SM idle, each CTA loading its head's weights once.
   int64_t m_splits = device_info(p.device).num_sms / p.num_heads;
@@ -419,7 +419,7 @@ bool launch_v_up_tma_stream(const AbsorbParams& p) {
   args.p = p;
   if (!make_v_up_tensor_maps<Cfg::BM, Cfg::BN>(p, false, &args.x_map, &args.w_map)) return false;
   auto kernel = v_up_tma_stream_kernel<Cfg>;
-  opt_in_smem_once<Cfg>(reinterpret_cast<const void*>(kernel), p.device);
+  opt_in_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, p.device);
   // One tile per CTA (the dispatch takes this kernel where that is at most one wave).
   const int64_t m_splits = (p.num_tokens + Cfg::BM - 1) / Cfg::BM;
   MLA_HOST_CHECK(p.num_heads <= 65535 && m_splits <= 65535, "v_up: grid too large (H or T)");

@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) v_up_wgmma_kernel(const __gr
 template <class Cfg>
 void launch_v_up_wgmma(const AbsorbParams& p) {
   auto kernel = v_up_wgmma_kernel<Cfg>;
-  opt_in_smem_once<Cfg>(reinterpret_cast<const void*>(kernel), p.device);
+  opt_in_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, p.device);
   const int64_t num_tiles = (p.num_tokens + Cfg::BM - 1) / Cfg::BM;
   // One wave: as many M splits as leave no SM idle, each CTA loading its head's weights once.
   int64_t m_splits = device_info(p.device).num_sms / p.num_heads;

@@ -66,14 +66,14 @@
 #include "common/arch.h"
 #include "common/cuda_check.h"
 #include "common/e4m3.cuh"
+#include "common/mbarrier.cuh"
 #include "common/sm80.cuh"
+#include "common/sm90/tma.cuh"
+#include "common/sm90/wgmma.cuh"
 #include "common/vec.cuh"
 #include "decode/decode.h"
 #include "decode/kernels.h"
 #include "decode/split_common.cuh"
-#include "common/mbarrier.cuh"
-#include "common/sm90/tma.cuh"
-#include "common/sm90/wgmma.cuh"
 
 // In the device passes for sm90 and newer (every target built): cp.async.bulk and mbarrier
 // transaction counts (kBulkRows).

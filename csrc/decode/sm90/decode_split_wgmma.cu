@@ -32,13 +32,13 @@
 #include <cstdlib>
 #include <type_traits>
 
-#include "common/sm90/wgmma.cuh"
 #include "common/sm80.cuh"
+#include "common/sm90/wgmma.cuh"
 #include "decode/decode.h"
 #include "decode/kernels.h"
 #include "decode/portable/decode_split.cuh"  // dequant_row_to_tile
-#include "decode/split_common.cuh"
 #include "decode/sm90/split_wgmma_common.cuh"
+#include "decode/split_common.cuh"
 
 namespace mla::decode::hopper {
 

@@ -29,13 +29,13 @@
 #include <cmath>
 #include <type_traits>
 
+#include "common/sm80.cuh"
 #include "common/sm90/tma.cuh"
 #include "common/sm90/wgmma.cuh"
-#include "common/sm80.cuh"
 #include "decode/decode.h"
 #include "decode/kernels.h"
-#include "decode/split_common.cuh"
 #include "decode/sm90/split_wgmma_common.cuh"
+#include "decode/split_common.cuh"
 
 namespace mla::decode::hopper {
 

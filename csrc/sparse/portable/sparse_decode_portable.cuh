@@ -12,12 +12,13 @@
 #include <cmath>
 #include <type_traits>
 
-#include "common/mbarrier.cuh"  // kBulkRows, copy warps
-#include "common/target.h"     // MLA_SM90A
+#include "common/arch.h"
 #include "common/attn_sink.cuh"
 #include "common/cuda_check.h"
 #include "common/e4m3.cuh"
+#include "common/mbarrier.cuh"  // kBulkRows, copy warps
 #include "common/sm80.cuh"
+#include "common/target.h"     // MLA_SM90A
 #include "common/types.h"
 #include "sparse/sparse_decode.h"
 
@@ -1319,7 +1320,9 @@ template <int kM, CacheFormat kFormat, int kStages, bool kE4m3Frags = false, int
 void launch_sparse_decode_portable(const SparseDecodeParams& p) {
   using Cfg = PortableConfig<kM, kFormat, kStages, kE4m3Frags, kRowThreads, kBulkRows, kCopyWarps, kPvRaw>;
   auto kernel = sparse_decode_portable_kernel<Cfg>;
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  int device = 0;
+  MLA_CUDA_CHECK(cudaGetDevice(&device));
+  opt_in_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, device);
   const dim3 grid((p.h_q + kM - 1) / kM, p.num_splits, p.batch * p.s_q);
   kernel<<<grid, Cfg::kLaunchThreads, Cfg::kSmemBytes, p.stream>>>(p);
   MLA_CHECK_LAUNCH();

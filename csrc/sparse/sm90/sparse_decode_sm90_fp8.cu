@@ -29,11 +29,12 @@
 
 #include <cmath>
 
-#include "common/mbarrier.cuh"
-#include "common/sm90/wgmma.cuh"
+#include "common/arch.h"
 #include "common/cuda_check.h"
 #include "common/e4m3.cuh"
+#include "common/mbarrier.cuh"
 #include "common/sm80.cuh"
+#include "common/sm90/wgmma.cuh"
 #include "common/types.h"
 #include "sparse/portable/sparse_decode_portable.cuh"  // shared pieces: key_tiles, load_q_tile, slot_row, dequant_ds_mla_rows, ...
 #include "sparse/sparse_decode.h"
@@ -396,7 +397,9 @@ int sm90_fp8_m64_smem_bytes() { return Sm90Fp8Config::kSmemBytes; }
 void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p) {
   using Cfg = Sm90Fp8Config;
   auto kernel = sparse_decode_sm90_fp8_kernel;
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  int device = 0;
+  MLA_CUDA_CHECK(cudaGetDevice(&device));
+  opt_in_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, device);
   const dim3 grid((p.h_q + Cfg::kM - 1) / Cfg::kM, p.num_splits, p.batch * p.s_q);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, p.stream>>>(p);
   MLA_CHECK_LAUNCH();
