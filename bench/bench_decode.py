@@ -1,13 +1,19 @@
-"""Benchmark of dense paged decode (decode_mla) over the DESIGN.md §5 cases.
+#!/usr/bin/env python3
+"""Dense paged decode (decode_mla) against FlashMLA, on the GPU this runs on.
 
-    python bench/bench_decode.py [--quick] [--json bench/results] [--check]
+    python bench/bench_decode.py [--quick] [--only TEXT] [--portable] [--json bench/results]
+                                 [--commit C] [--flashmla DIR]
 
-Each case: the plan is computed once (an engine plans once per step and reuses the plan in
-every layer), then the decode call (split kernel + combine) is timed with a cold L2, median of
-many. Copy bandwidth and the bf16 matmul rate are measured in the same run. NVTX ranges are named
-``mla_ext.decode_mla.<format>.b<b>.s<s_q>.h<h_q>.bs<block_size>`` for Nsight. With
-MLA_EXT_FORCE_PORTABLE=1 (every case on the portable kernels) the results go to
-DIR/decode_mla_portable.json and .md.
+Cases b{b}_len{len}_h{h_q}_s{s_q} for b x len in {128 x 4096, 64 x 8192}, h_q in {16, 32, 64, 128},
+s_q in {1, 2}, plus thundermla_b4_h16_s4 (lengths 4641, 45118, 1730, 1696) and single_64k_h16_s1;
+each on a bf16 cache (format auto) and on the same rows in fp8_ds_mla. FlashMLA (the peer) runs on
+the bf16 cache in the same process, on the same inputs. GPU time per call by CUDA-graph replay of 20
+calls; each case is checked once before it is timed (mla_ext.bench.decode says how). The copy
+bandwidth and bf16 matmul rate are measured in the same run.
+
+--json DIR writes DIR/decode_vs_flashmla.json and .md; with --portable every mla_ext call runs the
+portable kernels (force_portable=True: what sm100 runs) and the results go to decode_portable.json
+and .md. --flashmla DIR: the built FlashMLA (bash third_party_peers/build_flashmla.sh DIR).
 """
 
 from __future__ import annotations
@@ -20,43 +26,49 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from mla_ext.bench import decode, flashmla_peer  # noqa: E402
-from mla_ext.bench.harness import Timer, forced_portable, format_table, measure_roofline, write_results  # noqa: E402
+from mla_ext.bench.harness import add_common_options, no_gpu_exit  # noqa: E402
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="only the headline cases")
-    parser.add_argument("--json", metavar="DIR", help="write decode_mla.json / .md into DIR")
-    parser.add_argument("--check", action="store_true", help="run the self-check against the reference first")
+    parser.add_argument("--quick", action="store_true", help="four cases only (b128 x 4096 h16 s1, b64 x 8192 "
+                                                             "h128 s2, thundermla, single 64K)")
     parser.add_argument("--only", metavar="TEXT", help="only the cases whose name contains TEXT")
-    parser.add_argument("--iters", type=int, default=50, help="timed calls per case (median reported)")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("no CUDA GPU: nothing to benchmark")
+    parser.add_argument("--portable", action="store_true",
+                        help="mla_ext on its portable kernels (force_portable=True); writes decode_portable.*")
+    add_common_options(parser, peer=True)
+    args = parser.parse_args(argv)
+    if (rc := no_gpu_exit()) is not None:
+        return rc
+
+    from mla_ext.bench import decode, flashmla_peer
+    from mla_ext.bench.harness import measure_roofline, resolve_commit, write_results
+
+    print(f"peer: {flashmla_peer.load(args.flashmla)}")
+    if flashmla_peer.available() and not flashmla_peer.supports("dense"):
+        print(flashmla_peer.why_not("dense"))
+    roofline = measure_roofline()
+    print(f"{torch.cuda.get_device_name()}: {roofline.describe()} (measured now)"
+          + ("; mla_ext on its portable kernels" if args.portable else ""))
+    rows = decode.bench_vs_peer(quick=args.quick, only=args.only, force_portable=args.portable)
+    if not rows:
+        print(f"no case matches --only {args.only!r}")
         return 1
-    if args.check:
-        print(decode.self_check("cuda"))
-    print(f"peer: {flashmla_peer.status()}")
-    timer = Timer(iters=args.iters)
-    roofline = measure_roofline(timer)
-    print(f"roofline: copy {roofline.copy_GBps:.0f} GB/s, bf16 matmul {roofline.bf16_mm_TFLOPS:.0f} TFLOPS")
-    rows = decode.bench(timer, roofline, quick=args.quick, only=args.only)
-    print(format_table(rows, decode.NAME))
-    summary = decode.bandwidth_summary(rows)
-    print(summary)
-    # MLA_EXT_FORCE_PORTABLE=1: every case on the portable kernels (what sm100 runs; issue 3's bars are
-    # written for them), into decode_mla_portable.{json,md} next to the default run's decode_mla.{json,md}.
-    if args.json and forced_portable():
-        notes = ("Every case on the portable kernels (MLA_EXT_FORCE_PORTABLE=1: mma.sync m16n8k16, cp.async tile "
-                 "copies; on sm90 and newer fp8 raw rows by cp.async.bulk), as sm100 runs them. "
-                 "Bars (issue 3, portable path): >= 70% of copy bandwidth on the "
-                 "memory-bound cases, >= 50% on the single 64K request, fp8_ds_mla >= 1.4x faster than bf16 on "
-                 "the memory-bound cases.\n\n" + summary)
-        write_results(decode.NAME + "_portable", rows, roofline, args.json, notes=notes)
-    elif args.json:
-        write_results(decode.NAME, rows, roofline, args.json, notes=summary)
-    return 0
+    table = decode.table(rows)
+    summary = decode.summary(rows)
+    if args.json:
+        name = "decode_portable" if args.portable else "decode_vs_flashmla"
+        notes = decode.NOTES + ("\n\nmla_ext ran its portable kernels (force_portable=True), as on sm100."
+                                if args.portable else "")
+        paths = write_results(name, rows, roofline, args.json, commit=resolve_commit(args.commit),
+                              peer=flashmla_peer.describe("dense"), table=table, notes=notes,
+                              title=f"{name}: decode_mla against {flashmla_peer.NAME}")
+        print("wrote", *paths)
+    print()
+    print(table)
+    if summary:
+        print(summary)
+    return 1 if any("check_failed" in r for r in rows) else 0
 
 
 if __name__ == "__main__":

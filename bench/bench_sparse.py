@@ -1,8 +1,20 @@
-"""Benchmark the sparse top-k decode: ``python bench/bench_sparse.py [--quick] [--json DIR]``.
+#!/usr/bin/env python3
+"""Sparse top-k decode (sparse_decode_mla, fp8_ds_mla cache) against FlashMLA, on the GPU this runs on.
 
-Prints time, GB/s, TFLOPS and the fraction of the roofline measured in the same run (copy
-bandwidth, bf16 matmul rate); with --json writes DIR/sparse.json and DIR/sparse.md, or with
-MLA_EXT_FORCE_PORTABLE=1 (every case on the portable kernels) DIR/sparse_portable.json and .md.
+    python bench/bench_sparse.py [--quick] [--only TEXT] [--portable] [--json bench/results]
+                                 [--commit C] [--flashmla DIR]
+
+Cases b{b}_h{h_q}_s{s_q}_topk{topk}: DeepSeek V3.2 decode (h_q 128, s_q 2, topk 2048) at b 2, 64,
+74 and 128; h_q 64 at b 64 and 128; b32 h_q 128 s_q 1 topk 512; and h_q 16 and 32 at b 128 (TP8,
+TP4), where FlashMLA runs q zero-padded to 64 heads. Same cache, indices and q for both, in the same
+process; GPU time per call by CUDA-graph replay of 20 calls; each case checked once before it is
+timed (mla_ext.bench.sparse says how). The copy bandwidth and bf16 matmul rate are measured in the
+same run.
+
+--json DIR writes DIR/sparse_vs_flashmla.json and .md; with --portable every mla_ext call runs the
+portable kernels (the user switch MLA_EXT_FORCE_PORTABLE=1, set before the first call: what sm100
+runs) and the results go to sparse_portable.json and .md. --flashmla DIR: the built FlashMLA (bash
+third_party_peers/build_flashmla.sh DIR).
 """
 
 from __future__ import annotations
@@ -15,54 +27,50 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from mla_ext.bench import flashmla_peer, sparse  # noqa: E402
-from mla_ext.bench.harness import Timer, forced_portable, format_table, measure_roofline, write_results  # noqa: E402
+from mla_ext.bench.harness import add_common_options, no_gpu_exit  # noqa: E402
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="fp8_ds_mla cases only")
-    parser.add_argument("--json", metavar="DIR", help="write sparse.json / sparse.md into DIR")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("no CUDA GPU: nothing to time")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="three cases only (b128 h128 s2, b64 h64 s2, b128 h16 s1)")
+    parser.add_argument("--only", metavar="TEXT", help="only the cases whose name contains TEXT")
+    parser.add_argument("--portable", action="store_true",
+                        help="mla_ext on its portable kernels (MLA_EXT_FORCE_PORTABLE=1); writes sparse_portable.*")
+    add_common_options(parser, peer=True)
+    args = parser.parse_args(argv)
+    if args.portable:
+        os.environ["MLA_EXT_FORCE_PORTABLE"] = "1"  # before the library's first call, which reads it
+    if (rc := no_gpu_exit()) is not None:
+        return rc
+
+    from mla_ext.bench import flashmla_peer, sparse
+    from mla_ext.bench.harness import measure_roofline, resolve_commit, write_results
+
+    print(f"peer: {flashmla_peer.load(args.flashmla)}")
+    if flashmla_peer.available() and not flashmla_peer.supports("sparse"):
+        print(flashmla_peer.why_not("sparse"))
+    roofline = measure_roofline()
+    print(f"{torch.cuda.get_device_name()}: {roofline.describe()} (measured now)"
+          + ("; mla_ext on its portable kernels" if args.portable else ""))
+    rows = sparse.bench_vs_peer(quick=args.quick, only=args.only)
+    if not rows:
+        print(f"no case matches --only {args.only!r}")
         return 1
-    print(f"self check: {sparse.self_check('cuda')}")
-    print(f"peer: {flashmla_peer.status()}")
-    timer = Timer()
-    roofline = measure_roofline(timer)
-    print(f"roofline: copy {roofline.copy_GBps:.0f} GB/s, bf16 matmul {roofline.bf16_mm_TFLOPS:.0f} TFLOPS")
-    rows = sparse.bench(timer, roofline, quick=args.quick)
-    print(format_table(rows, sparse.NAME))
-    for r in rows:
-        if "h16_over_h64" in r.extra:
-            print(f"{r.extra['format']}: h_q 16 / h_q 64 time on the same indices = {r.extra['h16_over_h64']}")
-        if "flashmla_us_over_mla_ext" in r.extra:
-            print(f"{r.case}: mla_ext {r.extra['flashmla_us_over_mla_ext']}x as fast as FlashMLA")
-    # MLA_EXT_FORCE_PORTABLE=1: every case on the portable kernels (what sm100 runs; the issue-5 bars are
-    # written for them), into sparse_portable.{json,md} next to the default run's sparse.{json,md}.
-    if args.json and forced_portable():
-        switches = {k: v for k, v in os.environ.items() if k.startswith("MLA_EXT_SPARSE_")}
-        notes = ("Every case on the portable kernels (MLA_EXT_FORCE_PORTABLE=1: mma.sync m16n8k16, cp.async row "
-                 "gather), as sm100 runs them"
-                 + (f", with {switches}" if switches else
-                    "; fp8_ds_mla 64-head tiles read V from the staging rows (PortableConfig::kPvRaw), 16-head tiles "
-                    "gather with 4 cp.async copy warps; fp8_ds_mla rows by 16 threads each, bf16 rows by 8")
-                 + ". Bars (issue 5, portable path): >= 200 TFLOPS on fp8_ds_mla b128 s_q2 h_q128; "
-                 "h_q16 / h_q64 time <= 0.5 on the same indices.")
-        paths = write_results("sparse_portable", rows, roofline, args.json, notes=notes)
+    table = sparse.table(rows)
+    summary = sparse.summary(rows)
+    if args.json:
+        name = "sparse_portable" if args.portable else "sparse_vs_flashmla"
+        notes = sparse.NOTES + ("\n\nmla_ext ran its portable kernels (MLA_EXT_FORCE_PORTABLE=1), as on sm100."
+                                if args.portable else "")
+        paths = write_results(name, rows, roofline, args.json, commit=resolve_commit(args.commit),
+                              peer=flashmla_peer.describe("sparse"), table=table, notes=notes,
+                              title=f"{name}: sparse_decode_mla against {flashmla_peer.NAME}")
         print("wrote", *paths)
-    elif args.json:
-        notes = ("Portable kernels (mma.sync m16n8k16, cp.async row gather), except fp8_ds_mla on sm90: 64-head "
-                 "tiles (h_q > 32) on the wgmma kernel, 16-head tiles (h_q <= 16) with rows gathered by "
-                 "cp.async.bulk from 4 copy warps (csrc/sparse/sm90). Bars (issue 5): >= 200 TFLOPS on "
-                 "fp8_ds_mla b128 s_q2 h_q128; h_q16 / h_q64 time <= 0.5 on the same indices. Peer: "
-                 + ("FlashMLA (the vllm 0.33.0 build), same run and inputs, both timed eagerly, q padded to 64 heads "
-                    "for h_q 16 (rows 'FlashMLA peer')." if any("peer" in r.extra for r in rows) else
-                    flashmla_peer.status() if not flashmla_peer.available() else "FlashMLA: no comparable case timed."))
-        paths = write_results("sparse", rows, roofline, args.json, notes=notes)
-        print("wrote", *paths)
-    return 0
+    print()
+    print(table)
+    if summary:
+        print(summary)
+    return 1 if any("check_failed" in r for r in rows) else 0
 
 
 if __name__ == "__main__":

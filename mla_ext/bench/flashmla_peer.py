@@ -1,145 +1,162 @@
-"""FlashMLA as a benchmark peer, timed in the same run as mla_ext (DESIGN.md §5).
+"""FlashMLA as the benchmarks' peer (DESIGN.md §5): timed in the same process, on the same inputs.
 
-The peer is the stable-ABI FlashMLA build that the ``vllm==0.33.0`` wheel ships,
-``vllm/_flashmla_C.abi3.so``. It is not part of this repository (``/third_party_peers/`` is
-git-ignored): get it with
+The peer is FlashMLA (deepseek-ai/FlashMLA) at 9241ae3, built on the GPU machine from the tarball
+in the shared peers folder. It is not part of this repository and is never committed: copy
+``build_flashmla.sh`` and ``flashmla-9241ae3.tar.xz`` into ``third_party_peers/`` (a git-ignored
+path), then on the GPU machine
 
-    pip download --no-deps vllm==0.33.0 -d /tmp/w
-    unzip -j /tmp/w/vllm-0.33.0-*.whl vllm/_flashmla_C.abi3.so -d third_party_peers/
+    bash third_party_peers/build_flashmla.sh /tmp/flashmla      # ~2 minutes
+    python bench/bench_decode.py --flashmla /tmp/flashmla ...
 
-and carry it to the GPU machine with the built extension. ``MLA_EXT_FLASHMLA_SO`` names another
-path. The library registers its ops as ``torch.ops._flashmla_C``; they are called here directly
-(its Python wrapper imports vLLM). When the library is missing, does not load, lacks an op or the
-GPU is not one FlashMLA runs that op on, ``status()`` / ``supports()`` say why and the benchmarks
-print that instead of peer rows; a peer call that fails anyway is reported by ``attempt()``, never
-raised into the benchmark.
+``--flashmla DIR`` puts DIR first on ``sys.path`` and imports ``flash_mla`` from it; without it a
+``flash_mla`` that is importable already (e.g. through PYTHONPATH) is used. Its Python API:
+``get_mla_metadata()`` returns an empty scheduler-metadata object that the first
+``flash_mla_with_kvcache`` call fills; it is reused only for calls with the same shapes and
+lengths (one per decode step), so it is made here once per case, outside any timed graph.
 
-What it covers: dense decode of a bf16 cache with 64-token pages (any h_q) on sm90, and sparse
-decode of an fp8_ds_mla cache with 64 or 128 heads (an engine pads other head counts to 64) on
-sm90 and sm100. The benchmarks run the peer after mla_ext's timing of the same case.
+When FlashMLA cannot be imported, or the GPU is not one it runs the op on, ``status()`` says why
+("peer not available: ...") and the benchmarks print that and leave the peer's columns empty; a
+peer call that fails anyway is reported by ``attempt()``, never raised into the benchmark.
+
+What it covers: dense decode of a bf16 (or fp16) cache with 64-token pages, any h_q (sm90 only),
+and sparse decode of an fp8_ds_mla cache with 64 or 128 heads (sm90, sm100); an engine pads other
+head counts to 64 (``pad_heads``). Its lse is +inf, not -inf, for a query with nothing to attend
+to: ``lse_as_mla_ext`` maps it before comparing.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
+from collections.abc import Callable
 
 import torch
 
-_DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                        "third_party_peers", "_flashmla_C.abi3.so")
+NAME = "FlashMLA 9241ae3"  # what the results' "peer" field says
+V_DIM = 512
+
 _state: dict = {}
-NAME = "FlashMLA (vllm 0.33.0 build)"  # what the benchmark rows' "peer" field says
+
+# GPU architectures FlashMLA runs each op on (dense: sm90a kernels; sparse: sm90a and sm100).
+_ARCHS = {"dense": ((9, 0),), "sparse": ((9, 0), (10, 0))}
+
+
+def load(path: str | None = None) -> str:
+    """Import FlashMLA (from ``path``, put first on sys.path, when given) and return the status
+    line: "FlashMLA 9241ae3 (<where>)" or "peer not available: <why>". Never raises."""
+    _state.clear()
+    where = "no --flashmla DIR given, from sys.path"
+    try:
+        if path:
+            path = where = os.path.abspath(path)
+            if not os.path.isdir(os.path.join(path, "flash_mla")):
+                raise ImportError(f"{path} has no flash_mla/ (build it there with "
+                                  f"`bash third_party_peers/build_flashmla.sh {path}`)")
+            if path not in sys.path:
+                sys.path.insert(0, path)
+        module = importlib.import_module("flash_mla")
+        for fn in ("get_mla_metadata", "flash_mla_with_kvcache"):
+            if not callable(getattr(module, fn, None)):
+                raise ImportError(f"flash_mla has no {fn}()")
+        _state["module"] = module
+        _state["status"] = f"{NAME} ({os.path.dirname(os.path.dirname(os.path.abspath(module.__file__)))})"
+    except Exception as e:  # an import of a foreign build can fail in many ways (ABI, CUDA, missing .so)
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        _state["module"] = None
+        _state["status"] = f"peer not available: cannot import flash_mla ({where}): {msg}"
+    return _state["status"]
 
 
 def status() -> str:
-    """"loaded <file name>", or why the peer is not available."""
+    """The status line of the last ``load`` (loading from the default place if none ran yet)."""
     if "status" not in _state:
-        path = os.environ.get("MLA_EXT_FLASHMLA_SO", _DEFAULT)
-        shown = os.path.relpath(path, os.path.dirname(os.path.dirname(_DEFAULT))) if path == _DEFAULT else path
-        if not os.path.exists(path):
-            _state["status"] = f"FlashMLA peer not run: {shown} not found (see mla_ext/bench/flashmla_peer.py)"
-        else:
-            try:
-                torch.ops.load_library(path)
-                torch.ops._flashmla_C.dense_decode_fwd  # noqa: B018 (raise if the ops are not there)
-                torch.ops._flashmla_C.sparse_decode_fwd  # noqa: B018
-                _state["status"] = f"loaded {os.path.basename(path)}"
-            except (OSError, RuntimeError, AttributeError) as e:
-                _state["status"] = f"FlashMLA peer not run: {shown} did not load ({e})"
+        load(None)
     return _state["status"]
 
 
 def available() -> bool:
-    return status().startswith("loaded")
+    status()
+    return _state.get("module") is not None
 
 
-# GPU architectures FlashMLA runs each op on (its sm90a dense kernels; sparse on sm90a and sm100).
-_ARCHS = {"dense": ((9, 0),), "sparse": ((9, 0), (10, 0))}
+def describe(op: str) -> str:
+    """What the results' "peer" field says: NAME, or NAME and why it did not run ``op``."""
+    return NAME if supports(op) else f"{NAME}: {why_not(op)}"
 
 
 def supports(op: str) -> bool:
-    """The library is loaded and this GPU is one FlashMLA runs ``op`` ("dense" or "sparse") on."""
+    """FlashMLA is loaded and this GPU is one it runs ``op`` ("dense" or "sparse") on."""
     return available() and torch.cuda.is_available() and torch.cuda.get_device_capability() in _ARCHS[op]
 
 
-def attempt(what: str, fn):
-    """fn() or, if the peer call fails (an unsupported shape, a GPU the build lacks), None with the
-    error printed: a peer must never stop mla_ext's benchmark."""
+def why_not(op: str) -> str:
+    """Why ``supports(op)`` is False ("" when it is True)."""
+    if not available():
+        return status()
+    if not torch.cuda.is_available():
+        return "peer not available: no CUDA GPU"
+    if torch.cuda.get_device_capability() not in _ARCHS[op]:
+        cap = "sm%d%d" % torch.cuda.get_device_capability()
+        archs = ", ".join("sm%d%d" % a for a in _ARCHS[op])
+        return f"peer not available: FlashMLA runs {op} decode on {archs}, not {cap}"
+    return ""
+
+
+def attempt(what: str, fn: Callable[[], object]):
+    """``fn()``, or None with the error printed when the peer call fails (an unsupported shape, a
+    GPU the build lacks): a peer must never stop mla_ext's benchmark."""
     try:
         return fn()
-    except (RuntimeError, AssertionError) as e:  # torch.AcceleratorError is a RuntimeError
+    except Exception as e:  # RuntimeError, AssertionError (its wrapper asserts), torch.AcceleratorError
         print(f"FlashMLA peer: {what}: not run ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
         return None
 
 
-def dense_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                 softmax_scale: float, causal: bool):
-    """FlashMLA dense decode over a bf16 cache [num_blocks, 64, 576]: returns a function that runs
-    it with the scheduler metadata of a first call (computed here once, as an engine plans once per
-    step), giving (out [b, s_q, h_q, 512], lse [b, h_q, s_q])."""
-    ops = torch.ops._flashmla_C
+def dense(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+          softmax_scale: float, causal: bool) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """FlashMLA dense decode over a bf16 cache ``[num_blocks, 64, 576]``: runs it once (which fills
+    its scheduler metadata, as an engine plans once per step) and returns a function that runs it
+    again with that metadata, giving ``(out [b, s_q, h_q, 512], lse [b, h_q, s_q])``."""
+    fm = _state["module"]
     kv = kv_cache.unsqueeze(2)  # [num_blocks, page, 1 kv head, 576]
-    _, _, meta, splits = ops.dense_decode_fwd(q, kv, 512, seq_lens, block_table, softmax_scale, causal, None, None, None)
+    meta, _ = fm.get_mla_metadata()
 
     def run():
-        out, lse, _, _ = ops.dense_decode_fwd(q, kv, 512, seq_lens, block_table, softmax_scale, causal, meta, splits, None)
-        return out, lse
+        return fm.flash_mla_with_kvcache(q, kv, block_table, seq_lens, V_DIM, meta, None, softmax_scale, causal)
 
+    run()
     return run
 
 
-def sparse_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float):
-    """FlashMLA sparse decode over an fp8_ds_mla cache [num_blocks, page, 656] (uint8): returns a
-    function as dense_decode does. q's head count must be 64 or 128 (FlashMLA's sm90 kernels)."""
-    ops = torch.ops._flashmla_C
-    kv = kv_cache.view(torch.float8_e4m3fn).unsqueeze(2)  # [num_blocks, page, 1, 656]: the format is told by the row bytes
-
-    def call(meta, splits):
-        return ops.sparse_decode_fwd(q, kv, indices, None, None, meta, splits, None, None, None, 512, softmax_scale, None, False)
-
-    _, _, meta, splits = call(None, None)
+def sparse(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
+           topk_length: torch.Tensor | None = None) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """FlashMLA sparse decode over an fp8_ds_mla cache ``[num_blocks, page, 656]`` (uint8; whole
+    pages contiguous) with ``indices [b, s_q, topk]`` global slots: returns a function as ``dense``
+    does. q's head count must be 64 or 128 (see ``pad_heads``)."""
+    fm = _state["module"]
+    kv = kv_cache.unsqueeze(2)  # [num_blocks, page, 1, 656]
+    meta, _ = fm.get_mla_metadata()
 
     def run():
-        out, lse, _, _ = call(meta, splits)
-        return out, lse
+        return fm.flash_mla_with_kvcache(q, kv, None, None, V_DIM, meta, None, softmax_scale, False, True, indices,
+                                         None, None, None, topk_length)
 
+    run()
     return run
 
 
-def disagreement(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor) -> str:
-    """What differs between the peer's result and mla_ext's, or "" when the peer computed the same
-    attention (so its time belongs to the same work): out within 2% relative Frobenius error, finite
-    lse within 0.1 (both natural log, [b, h_q, s_q]). The lse bound catches a different scale, base or mask, not
-    FlashMLA's precision: its sparse fp8_ds_mla kernel measured 0.017-0.031 from mla_ext's lse on the
-    benchmark's cases (logs/s7_review_fixes), whose own lse is within 5e-4 of the fp32 reference in the tests."""
-    out, ref_out = out.float(), ref_out.float()
-    if not bool(torch.isfinite(out).all()):
-        return "non-finite output"
-    rel = ((out - ref_out).norm() / ref_out.norm().clamp_min(1e-30)).item()
-    if rel > 0.02:
-        return f"output rel. error {rel:.3g}"
-    fin = torch.isfinite(ref_lse)
-    if not torch.equal(fin, torch.isfinite(lse)):
-        return "lse finite in different places"
-    err = (lse[fin] - ref_lse[fin]).abs().max().item() if bool(fin.any()) else 0.0
-    return f"lse error {err:.3g}" if err > 0.1 else ""
+def pad_heads(q: torch.Tensor, heads: int) -> torch.Tensor:
+    """q ``[b, s_q, h_q, d]`` with zero heads appended up to ``heads`` (as an engine pads for FlashMLA)."""
+    b, s_q, h_q, d = q.shape
+    return q if h_q == heads else torch.cat([q, q.new_zeros(b, s_q, heads - h_q, d)], dim=2).contiguous()
 
 
-def time_checked(timer, what: str, make_run, reference, heads: int | None = None, graph=None) -> float | None:
-    """The peer's time on a case, in us: make_run() builds the call (dense_decode / sparse_decode),
-    which runs once and is compared with mla_ext's (out, lse) `reference` (its first `heads` heads
-    when the peer ran on padded q), then timed, through `graph` (e.g. a CUDA-graph capture) when
-    mla_ext's own call was. None, with the reason printed, when the call fails or disagrees."""
-    run = attempt(what, make_run)
-    got = run and attempt(what, run)
-    if got is None:
-        return None
-    out, lse = got
-    if heads is not None:
-        out, lse = out[:, :, :heads], lse[:, :heads]
-    differs = disagreement(out, lse, *reference)
-    if differs:
-        print(f"FlashMLA peer: {what}: disagrees with mla_ext ({differs}), not timed")
-        return None
-    timed = run if graph is None else attempt(what, lambda: graph(run))
-    return None if timed is None else timer.time_us(timed, f"flashmla.{what.replace(' ', '_')}")
+def peer_heads(h_q: int) -> int:
+    """The head count FlashMLA's sparse decode runs for h_q query heads: 64 or 128."""
+    return 64 if h_q <= 64 else 128
+
+
+def lse_as_mla_ext(lse: torch.Tensor) -> torch.Tensor:
+    """FlashMLA's lse with +inf (nothing attended) as -inf, mla_ext's convention."""
+    return torch.where(lse == float("inf"), torch.full_like(lse, float("-inf")), lse)

@@ -1,31 +1,43 @@
-"""Shared benchmark harness.
+"""Shared benchmark harness: the rooflines measured in the same run, the timers, and the writer of
+the results (one JSON and one short markdown table per benchmark).
 
-Method (``/work/.library/device/METHOD.md`` style): every timed call starts with a cold L2 (a
-buffer twice the L2 size is *read* first, so the L2 holds none of the op's data and no dirty
-lines: a write-based flush leaves the L2 full of dirty lines whose write-back is charged to the
-timed kernel, a large distortion for ops that move ~100 MB, and a small one for the 1 GiB copy
-roofline; ``Timer(flush="write")`` measures that way for comparison), each case first runs its
-timed loop untimed for 100 ms (warm-up by time, as ``triton.testing.do_bench`` does; ``Timer(warmup_ms=0)``
-keeps only the 5 warm-up calls), each call is timed with CUDA events, and the median of many is reported.
-(Why by time: a freshly built fp8_ds_mla decode case ran 2.5-3.5% slower in its first ~50 calls than after
-100 ms of them, or after 0.5 s of idle GPU, on an H200 whose clocks stayed at 1980 MHz; bf16 and fp8 did not
-move: bench/results/logs/s17_ring.) The two ceilings every figure is
-compared against are measured in the same run: device-to-device copy bandwidth (bytes read +
-written) and the bf16 matmul rate (random data). Each op's section is wrapped in an NVTX range so
-Nsight Systems / Compute can select its kernels (``--nvtx --nvtx-include "mla_ext.<case>/"``).
+Timers (all GPU times are medians of many):
+
+- ``graph_time_us``: per-call GPU time by CUDA-graph replay. One graph holds ``calls`` calls (20) on
+  one set of inputs; after ~100 ms of untimed replays, each replay is timed with CUDA events behind
+  a short GPU spin (so the host's launch of the replay is not counted), and the median replay time
+  divided by ``calls`` is reported. No host time is in it. Used by the decode, sparse and host
+  benchmarks, for mla_ext and the peer alike.
+- ``Timer``: one call at a time with a cold L2 (a buffer twice the L2 size is *read* before each
+  call, which leaves no dirty lines whose write-back would be charged to the timed call;
+  ``flush="write"`` measures the other way for comparison), ~100 ms of untimed calls first (warm-up
+  by time, as ``triton.testing.do_bench`` does), CUDA events, median. Used for the rooflines, the
+  cache write and the absorbed projections.
+- ``host_us_per_call``: host time of a call in a host-bound loop on tiny shapes (GPU idle before
+  and after; ``time.perf_counter`` around the loop).
+
+The two ceilings every GPU figure is compared against are measured in the same run
+(``measure_roofline``): device-to-device copy bandwidth (bytes read + written) and the bf16 matmul
+rate. Timed sections carry NVTX ranges (``mla_ext.<name>``) so Nsight Systems / Compute can select
+their kernels (``--nvtx --nvtx-include "mla_ext.<name>/"``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import json
 import os
 import statistics
 import subprocess
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 
 import torch
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULTS_DIR = os.path.join(REPO_ROOT, "bench", "results")
 
 
 @dataclasses.dataclass
@@ -33,9 +45,14 @@ class Roofline:
     copy_GBps: float
     bf16_mm_TFLOPS: float
 
+    def describe(self) -> str:
+        return f"copy {self.copy_GBps:.0f} GB/s, bf16 matmul {self.bf16_mm_TFLOPS:.0f} TFLOPS"
+
 
 @dataclasses.dataclass
 class Row:
+    """One timed case of the cold-L2 benchmarks (cache write, absorb)."""
+
     case: str
     us: float
     bytes: float = 0.0  # fewest bytes the op must move through device memory
@@ -71,8 +88,16 @@ class Row:
         return d
 
 
+# ---- timers -----------------------------------------------------------------------------------
+
+
+def _spin(cycles: int = 50_000) -> None:
+    """GPU spin (50,000 cycles: ~25 us at 2 GHz): the host enqueues what follows before the GPU gets there."""
+    torch.cuda._sleep(cycles)
+
+
 class Timer:
-    """Cold-L2, event-timed, median-of-many timing on the current CUDA device."""
+    """Cold-L2, event-timed, median-of-many timing of single calls on the current CUDA device."""
 
     def __init__(self, warmup: int = 5, iters: int = 50, flush: str = "read", warmup_ms: float = 100.0):
         if flush not in ("read", "write"):
@@ -94,11 +119,8 @@ class Timer:
             self._flush.fill_(1.0)
 
     def time_us(self, fn: Callable[[], object], name: str = "op") -> float:
-        """Median microseconds of ``fn()`` over ``iters`` calls, each after an L2 flush.
-
-        The flush and a short spin are queued just before the start event, so the CPU has
-        already launched ``fn`` by the time the GPU gets there: host launch latency is not counted.
-        """
+        """Median microseconds of ``fn()`` over ``iters`` calls, each after an L2 flush and a
+        short GPU spin (so the host has launched ``fn`` before the GPU gets to it)."""
         for _ in range(self.warmup):
             fn()
         if self.warmup_ms > 0:
@@ -107,38 +129,105 @@ class Timer:
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
         with torch.cuda.nvtx.range(f"mla_ext.{name}"):
             for i in range(self.iters):
-                self._lead_in()
+                self._step_lead_in()
                 starts[i].record()
                 fn()
                 ends[i].record()
         torch.cuda.synchronize()
         return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
 
-    def _lead_in(self) -> None:
-        """The L2 flush, then ~25 us of GPU spin: the host launches the timed call before the GPU gets
-        there, so small ops are not charged the host's launch latency."""
+    def _step_lead_in(self) -> None:
         self.flush_l2()
-        torch.cuda._sleep(50_000)
-
-    def _step(self, fn: Callable[[], object]) -> None:
-        self._lead_in()
-        fn()
+        _spin()
 
     def _run_for(self, fn: Callable[[], object], ms: float) -> None:
-        """The timed loop's steps (flush, spin, call), untimed, for about ``ms`` milliseconds of GPU time."""
+        """The timed loop's steps (flush, spin, call), untimed, for about ``ms`` of GPU time."""
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(3):
-            self._step(fn)
+            self._step_lead_in()
+            fn()
         end.record()
         end.synchronize()
         for _ in range(int(ms / max(start.elapsed_time(end) / 3, 1e-3))):
-            self._step(fn)
+            self._step_lead_in()
+            fn()
 
 
-def measure_roofline(timer: Timer) -> Roofline:
+def graph_time_us(fn: Callable[[], object], name: str = "op", calls: int = 20, warmup_ms: float = 100.0,
+                  target_ms: float = 500.0, min_replays: int = 10, max_replays: int = 100) -> float:
+    """Per-call GPU time of ``fn`` in microseconds, by CUDA-graph replay.
+
+    ``fn`` runs 3 times eagerly on a side stream (lazy initialisation, allocator warm-up), then
+    ``calls`` calls of it are captured in one graph. The graph is replayed untimed for about
+    ``warmup_ms``, then ``min_replays``..``max_replays`` times (about ``target_ms`` in all), each
+    replay timed with CUDA events behind a short GPU spin. Returns median(replay) / calls.
+    Everything ``fn`` needs (plans, scheduler metadata) must exist before this is called.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    try:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        replay_ms = max(start.elapsed_time(end), 1e-3)
+        for _ in range(int(warmup_ms / replay_ms)):
+            graph.replay()
+        n = max(min_replays, min(max_replays, int(target_ms / replay_ms)))
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        with torch.cuda.nvtx.range(f"mla_ext.{name}"):
+            for i in range(n):
+                _spin(200_000)  # longer than the host's launch of a graph of many kernels
+                starts[i].record()
+                graph.replay()
+                ends[i].record()
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3 / calls
+    finally:
+        del graph
+
+
+def host_us_per_call(fn: Callable[[], object], calls: int = 3000, loops: int = 5, warmup: int = 200) -> float:
+    """Host microseconds per call: ``calls`` calls in a loop, the GPU idle before (synchronised)
+    and waited for after, ``time.perf_counter`` around both; median of ``loops`` loops. On tiny
+    shapes the GPU finishes each call before the host has issued the next, so this is the host
+    time of a call (the final wait adds one call's GPU time over ``calls`` calls). Python's
+    garbage collector is off during the loops, as ``timeit`` does."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    per_loop = []
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(loops):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            per_loop.append(time.perf_counter() - t0)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return statistics.median(per_loop) / calls * 1e6
+
+
+def measure_roofline(timer: Timer | None = None) -> Roofline:
     """Copy bandwidth (1 GiB device-to-device, bytes read + written) and bf16 matmul rate
     (8192^3 on random data), measured now on this GPU."""
+    timer = timer or Timer()
     n = 1 << 30
     src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
     dst = torch.empty_like(src)
@@ -149,28 +238,94 @@ def measure_roofline(timer: Timer) -> Roofline:
     b = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
     mm_us = timer.time_us(lambda: torch.mm(a, b), "roofline.mm")
     del a, b
+    torch.cuda.empty_cache()
     return Roofline(copy_GBps=2 * n / (copy_us * 1e-6) / 1e9, bf16_mm_TFLOPS=2 * m**3 / (mm_us * 1e-6) / 1e12)
 
 
+# ---- checks -----------------------------------------------------------------------------------
+
+
+def cosine_similarity(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Cosine similarity of two tensors taken as flat vectors (float64); 1.0 when both are zero,
+    NaN when either holds NaN/inf."""
+    x, y = a.double().flatten(), b.double().flatten()
+    if not (bool(torch.isfinite(x).all()) and bool(torch.isfinite(y).all())):
+        return float("nan")
+    nx, ny = x.norm().item(), y.norm().item()
+    if nx == 0.0 and ny == 0.0:
+        return 1.0
+    if nx == 0.0 or ny == 0.0:
+        return 0.0
+    return (x @ y).item() / (nx * ny)
+
+
+def check_outputs(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor,
+                  min_cos: float = 0.999, lse_tol: float = 0.1) -> tuple[float, str]:
+    """Whether an attention result matches another one: (cosine similarity of out, "" or what
+    differs). Passes when the cosine similarity of out is above ``min_cos``, lse is non-finite in
+    the same places with the same values (-inf where nothing was attended: map FlashMLA's +inf
+    first), and the finite lse (natural log) agree within ``lse_tol`` (a different scale, base or
+    mask shows there)."""
+    cos = cosine_similarity(out, ref_out)
+    lse, ref_lse = lse.float(), ref_lse.float()
+    fin = torch.isfinite(ref_lse)
+    if not torch.equal(fin, torch.isfinite(lse)) or not torch.equal(lse[~fin], ref_lse[~fin]):
+        return cos, "lse not finite in the same places"
+    if not cos > min_cos:
+        return cos, f"out cosine similarity {cos:.6f} <= {min_cos}"
+    err = (lse[fin] - ref_lse[fin]).abs().max().item() if bool(fin.any()) else 0.0
+    if err > lse_tol:
+        return cos, f"lse differs by up to {err:.3g}"
+    return cos, ""
+
+
+# ---- environment, commit, writers -------------------------------------------------------------
+
+
 def forced_portable() -> bool:
-    """Whether MLA_EXT_FORCE_PORTABLE is set (anything but empty or "0"), as the library reads it
-    (csrc/common/arch.cpp): every op then runs its portable kernels."""
+    """Whether the user switch MLA_EXT_FORCE_PORTABLE is set (anything but empty or "0"): every
+    op then runs its portable kernels."""
     return os.environ.get("MLA_EXT_FORCE_PORTABLE", "") not in ("", "0")
 
 
-def git_commit() -> str:
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True, text=True)
-        commit = out.stdout.strip() or "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True).stdout.strip()
-        return commit + ("-dirty" if dirty else "")
-    except OSError:
-        return os.environ.get("MLA_EXT_COMMIT", "unknown")
+def resolve_commit(commit: str | None = None) -> str:
+    """The commit being measured: ``commit`` when given (``--commit``), else ``git rev-parse
+    --short HEAD`` when this checkout has ``.git``, else "unknown"."""
+    if commit:
+        return commit
+    if os.path.exists(os.path.join(REPO_ROOT, ".git")):
+        try:
+            out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                                 text=True, timeout=30)
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return "unknown"
 
 
-def format_table(rows: list[Row], title: str = "") -> str:
+def add_common_options(parser, peer: bool = False) -> None:
+    """--json DIR and --commit (and --flashmla DIR for benchmarks with a peer)."""
+    parser.add_argument("--json", metavar="DIR",
+                        help="write the results (<name>.json and <name>.md) into DIR, e.g. bench/results "
+                             "(default: print only)")
+    parser.add_argument("--commit", help="the commit measured, written into the results (default: "
+                                         "`git rev-parse --short HEAD` where the checkout has .git)")
+    if peer:
+        parser.add_argument("--flashmla", metavar="DIR",
+                            help="directory holding the built FlashMLA package (flash_mla/), put on sys.path "
+                                 "(default: use `flash_mla` if it is importable already)")
+
+
+def no_gpu_exit() -> int | None:
+    """1 with a message when there is no CUDA GPU (the benchmarks need one), else None."""
+    if not torch.cuda.is_available():
+        print("no CUDA GPU: nothing to benchmark (the benchmarks time the CUDA kernels)")
+        return 1
+    return None
+
+
+def format_table(rows: Sequence[Row], title: str = "") -> str:
     lines = [f"### {title}"] if title else []
     lines += [
         "| case | us | GB/s | TFLOPS | roofline frac |",
@@ -181,32 +336,58 @@ def format_table(rows: list[Row], title: str = "") -> str:
     return "\n".join(lines)
 
 
-def write_results(name: str, rows: list[Row], roofline: Roofline, out_dir: str, notes: str = "") -> tuple[str, str]:
-    """Write ``<out_dir>/<name>.json`` and ``<name>.md``; returns both paths."""
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str | None = None) -> str:
+    """A markdown table; ``align`` one character per column, "l" or "r" (default: first left)."""
+    align = align or "l" + "r" * (len(headers) - 1)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" if a == "l" else "---:" for a in align) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def fmt_us(us: float | None) -> str:
+    return "—" if us is None else f"{us:.1f}" if us >= 10 else f"{us:.2f}"
+
+
+def fmt_ratio(num: float | None, den: float | None) -> str:
+    return "—" if num is None or den is None or den <= 0 else f"{num / den:.2f}x"
+
+
+def write_results(name: str, rows: Sequence[Row | dict], roofline: Roofline | None, out_dir: str, *,
+                  commit: str | None = None, peer: str | None = None, table: str | None = None,
+                  notes: str = "", title: str | None = None) -> tuple[str, str]:
+    """Write ``<out_dir>/<name>.json`` and ``<name>.md``; returns both paths.
+
+    JSON: ``{"gpu", "commit", "date", ["peer"], ["roofline"], "rows", ["notes"]}`` (rows: dicts, or
+    ``Row.as_dict()``). Markdown: a header line (date, GPU, commit, the roofline of this run, the
+    peer), ``table`` (default: ``format_table(rows)``), then ``notes``.
+    """
     os.makedirs(out_dir, exist_ok=True)
-    commit = os.environ.get("MLA_EXT_COMMIT") or git_commit()
-    doc = {
-        "gpu": torch.cuda.get_device_name(),
+    commit = resolve_commit(commit)
+    doc: dict = {
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU",
         "commit": commit,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "torch": torch.__version__,
-        "roofline": {"copy_GBps": round(roofline.copy_GBps, 1), "bf16_mm_TFLOPS": round(roofline.bf16_mm_TFLOPS, 1)},
-        "rows": [r.as_dict() for r in rows],
     }
+    if peer is not None:
+        doc["peer"] = peer
+    if roofline is not None:
+        doc["roofline"] = {"copy_GBps": round(roofline.copy_GBps, 1),
+                           "bf16_mm_TFLOPS": round(roofline.bf16_mm_TFLOPS, 1)}
+    doc["rows"] = [r.as_dict() if isinstance(r, Row) else r for r in rows]
     if notes:
         doc["notes"] = notes
     json_path = os.path.join(out_dir, f"{name}.json")
     with open(json_path, "w") as f:
         json.dump(doc, f, indent=1)
-    md = [
-        f"# {name}",
-        "",
-        f"{doc['date']}, {doc['gpu']}, commit {commit}, torch {doc['torch']}. Roofline measured in the same run: "
-        f"copy {roofline.copy_GBps:.0f} GB/s, bf16 matmul {roofline.bf16_mm_TFLOPS:.0f} TFLOPS. "
-        "Median of many, L2 cold, 100 ms warm-up per case.",
-        "",
-        format_table(rows),
-    ]
+        f.write("\n")
+    header = f"{doc['date']}, {doc['gpu']}, commit {commit}, torch {torch.__version__}."
+    if roofline is not None:
+        header += f" Roofline of this run: {roofline.describe()}."
+    if peer is not None:
+        header += f" Peer: {peer}."
+    if table is None:
+        table = format_table([r for r in rows if isinstance(r, Row)])
+    md = [f"# {title or name}", "", header, "", table]
     if notes:
         md += ["", notes]
     md_path = os.path.join(out_dir, f"{name}.md")

@@ -1,32 +1,39 @@
-"""Sparse top-k decode (sparse_decode_mla): self-check and benchmark.
+"""Sparse top-k decode (sparse_decode_mla): a self-check, and the benchmark against FlashMLA that
+``bench/bench_sparse.py`` runs.
 
-Cases (DESIGN.md §5, issue 5): DeepSeek V3.2 decode, topk 2048 over a pool of 32K tokens per
-request (pages of 64 in random order); b128 s_q2 h_q128 (MTP), b64 s_q1 h_q64, b128 s_q1 h_q16
-(TP8) and b128 s_q1 h_q64 on the same indices as the h_q 16 case (the "no padding to 64 heads"
-bar: h_q 16 must take at most half the time). fp8_ds_mla and bf16 caches.
-
-FLOPs = 2 * b * s_q * h_q * topk * (576 + 512); bytes = gathered rows (once per query token) + q +
-out. FlashMLA runs as a peer on the fp8_ds_mla cases when its library is present
-(flashmla_peer.py): same cache, indices and q (padded with zero heads to 64 where h_q < 64, as an
-engine pads for it), its output checked against mla_ext's before it is timed.
+Benchmark method (DESIGN.md §5): DeepSeek V3.2 decode shapes as in FlashMLA's
+tests/test_flash_mla_sparse_decoding.py. One pool of 128 requests of 16K-32K tokens each (length
+uniform), 64-token pages at random places, written into an fp8_ds_mla cache by
+``concat_and_cache_mla``; a case with b requests uses the first b. Each query's top-k indices are
+distinct positions drawn uniformly over its request's tokens, given as global slots ``block *
+block_size + offset`` through the request's block table. mla_ext and FlashMLA get the same cache,
+indices and q (for FlashMLA zero-padded to 64 heads where h_q < 64, as an engine pads for it); each
+case is checked once (cosine similarity of out > 0.999 against FlashMLA) and then timed by CUDA-graph
+replay of 20 calls. FLOPs = 2 * h_q * s_q * topk_valid * (576 + 512) per request.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import re
+
 import torch
 
 from .. import reference
-from ..formats import DS_MLA_ROPE_OFFSET, DS_MLA_ROW_BYTES, DS_MLA_SCALE_OFFSET, LATENT_DIM
-from ..sparse import sparse_decode_mla, sparse_indices_to_slots
+from ..cache import concat_and_cache_mla
+from ..formats import LATENT_DIM, empty_kv_cache
+from ..sparse import sparse_decode_mla
 from . import flashmla_peer
-from .harness import Roofline, Row, Timer
+from .harness import Roofline, Row, Timer, check_outputs, fmt_ratio, fmt_us, graph_time_us, markdown_table
 
 NAME = "sparse_decode_mla"
-FORMATS = ("fp8_ds_mla", "auto")
+FORMATS = ("fp8_ds_mla", "auto")  # of the self-check; the benchmark runs fp8_ds_mla (FlashMLA's format)
 SOFTMAX_SCALE = 192**-0.5
-POOL_TOKENS = 32768  # per request
 BLOCK_SIZE = 64
-TOPK = 2048
+POOL_REQUESTS = 128
+MIN_LEN, MAX_LEN = 16384, 32768
+MIN_COS = 0.999
 
 
 def self_check(device: str) -> str:
@@ -58,71 +65,178 @@ def self_check(device: str) -> str:
     return "vs reference rel. error " + ", ".join(f"{f} {e:.1e}" for f, e in worst.items())
 
 
-def _pool(num_requests: int, fmt: str):
-    """A cache of num_requests * 32K tokens of random (finite) rows, pages shuffled, and the
-    block table that maps each request to its pages."""
-    pages = num_requests * POOL_TOKENS // BLOCK_SIZE
-    if fmt == "auto":
-        cache = torch.randn(pages, BLOCK_SIZE, LATENT_DIM, dtype=torch.bfloat16, device="cuda")
-    else:
-        cache = torch.randint(0, 0x7E, (pages, BLOCK_SIZE, DS_MLA_ROW_BYTES), dtype=torch.uint8, device="cuda")
-        cache[..., DS_MLA_SCALE_OFFSET:DS_MLA_ROPE_OFFSET].view(torch.float32).fill_(0.0123)
-        cache[..., DS_MLA_ROPE_OFFSET:].view(torch.bfloat16).normal_()
-    table = torch.randperm(pages, device="cuda", dtype=torch.int32).view(num_requests, -1)
-    return cache, table
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    b: int
+    h_q: int
+    s_q: int
+    topk: int
 
 
-def _indices(b: int, s_q: int, table: torch.Tensor) -> torch.Tensor:
-    """topk distinct positions per query token out of its request's 32K, as global slots."""
-    local = torch.rand(b, s_q, POOL_TOKENS, device="cuda").argsort(dim=-1)[..., :TOPK].to(torch.int32)
-    return sparse_indices_to_slots(local, table[:b], BLOCK_SIZE)
+CASES = [Case(f"b{b}_h{h_q}_s{s_q}_topk{topk}", b, h_q, s_q, topk) for b, h_q, s_q, topk in (
+    (2, 128, 2, 2048), (64, 128, 2, 2048), (74, 128, 2, 2048), (128, 128, 2, 2048),  # V3.2, FlashMLA's batch sizes
+    (64, 64, 2, 2048), (128, 64, 2, 2048),  # TP2
+    (32, 128, 1, 512),
+    (128, 16, 1, 2048), (128, 32, 1, 2048),  # TP8 / TP4: FlashMLA pads q to 64 heads
+)]
+QUICK = ("b128_h128_s2_topk2048", "b64_h64_s2_topk2048", "b128_h16_s1_topk2048")
 
 
-def _flashmla_us(timer: Timer, ours, q, cache, idx, what: str) -> tuple[float, int] | None:
-    """FlashMLA's time on the same case, timed like mla_ext's call (eagerly, same timer), and the head
-    count it ran with (64 or 128: q zero-padded as an engine pads it); None when the peer is absent,
-    fails or disagrees with mla_ext (then printed)."""
-    if not flashmla_peer.supports("sparse"):
-        return None
-    b, s_q, h_q, _ = q.shape
-    h_pad = 64 if h_q <= 64 else 128
-    q_peer = q if h_q == h_pad else torch.cat([q, q.new_zeros(b, s_q, h_pad - h_q, q.shape[-1])], dim=2)
-    us = flashmla_peer.time_checked(timer, what, lambda: flashmla_peer.sparse_decode(q_peer, cache, idx, SOFTMAX_SCALE),
-                                    ours(), heads=h_q)
-    return None if us is None else (us, h_pad)
+def select_cases(quick: bool = False, only: str | None = None) -> list[Case]:
+    return [c for c in CASES if (not quick or c.name in QUICK) and (only is None or only in c.name)]
 
 
-def bench(timer: Timer, roofline: Roofline, quick: bool = False) -> list[Row]:
-    rows = []
-    for fmt in FORMATS if not quick else FORMATS[:1]:
-        cache, table = _pool(128, fmt)
-        row_bytes = cache.shape[-1] * cache.element_size()
-        idx_b128_s1 = _indices(128, 1, table)
-        cases = [
-            ("b128 s_q2 h_q128", 128, 2, 128, _indices(128, 2, table)),
-            ("b64 s_q1 h_q64", 64, 1, 64, _indices(64, 1, table)),
-            ("b128 s_q1 h_q16", 128, 1, 16, idx_b128_s1),
-            ("b128 s_q1 h_q64 (same indices)", 128, 1, 64, idx_b128_s1),
-        ]
-        times = {}
-        for label, b, s_q, h_q, idx in cases:
-            q = torch.randn(b, s_q, h_q, 576, dtype=torch.bfloat16, device="cuda")
-            fn = lambda: torch.ops.mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt, None, None)  # noqa: E731
-            us = timer.time_us(fn, f"{NAME}.{fmt}.{label.split(' (')[0].replace(' ', '_')}")
-            times[label] = us
-            nbytes = b * s_q * TOPK * row_bytes + q.numel() * 2 + b * s_q * h_q * 512 * 2
-            flops = 2 * b * s_q * h_q * TOPK * (576 + 512)
-            extra = {"format": fmt}
-            if label.startswith("b128 s_q1 h_q64"):
-                extra["h16_over_h64"] = round(times["b128 s_q1 h_q16"] / us, 3)
-            peer = _flashmla_us(timer, fn, q, cache, idx, f"{fmt} {label}") if fmt == "fp8_ds_mla" else None
-            if peer is not None:
-                extra["flashmla_us_over_mla_ext"] = round(peer[0] / us, 3)
-            rows.append(Row(f"{fmt} {label}, topk {TOPK}", us, bytes=nbytes, flops=flops, roofline=roofline, extra=extra))
-            if peer is not None:
-                padded = f" (q padded to {peer[1]} heads)" if peer[1] != h_q else ""
-                rows.append(Row(f"FlashMLA peer: {fmt} {label}, topk {TOPK}{padded}", peer[0], bytes=nbytes, flops=flops,
-                                roofline=roofline, extra={"format": fmt, "peer": flashmla_peer.NAME}))
-        del cache, table
-        torch.cuda.empty_cache()
+def make_pool(num_requests: int = POOL_REQUESTS, device="cuda", seed: int = 0, chunk: int = 1 << 20) -> dict:
+    """num_requests requests of MIN_LEN..MAX_LEN tokens (uniform), their 64-token pages shuffled
+    over the pool, every row random bf16 written into an fp8_ds_mla cache by concat_and_cache_mla
+    (in chunks of ``chunk`` tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(MIN_LEN, MAX_LEN + 1, (num_requests,), generator=g)
+    pages = (lens + BLOCK_SIZE - 1) // BLOCK_SIZE
+    num_pages = int(pages.sum())
+    order = torch.randperm(num_pages, generator=g).to(torch.int32)
+    block_table = torch.zeros(num_requests, int(pages.max()), dtype=torch.int32)
+    start = 0
+    for i, n in enumerate(pages.tolist()):
+        block_table[i, :n] = order[start:start + n]
+        start += n
+    cache = empty_kv_cache(num_pages, BLOCK_SIZE, "fp8_ds_mla", device=device)
+    gd = torch.Generator(device=device).manual_seed(seed)
+    num_slots = num_pages * BLOCK_SIZE
+    for s in range(0, num_slots, chunk):
+        n = min(chunk, num_slots - s)
+        kv = torch.randn(n, LATENT_DIM, generator=gd, dtype=torch.bfloat16, device=device)
+        slots = torch.arange(s, s + n, dtype=torch.int64, device=device)
+        concat_and_cache_mla(kv[:, :512], kv[:, 512:], cache, slots, "fp8_ds_mla")
+    return dict(cache=cache, block_table=block_table.to(device), lens=lens.to(device))
+
+
+def make_indices(pool: dict, b: int, s_q: int, topk: int, seed: int = 0) -> torch.Tensor:
+    """int32 [b, s_q, topk]: per query, topk distinct positions uniform over its request's tokens
+    (the first b requests of the pool), as global slots through the request's block table."""
+    device = pool["cache"].device
+    g = torch.Generator(device=device).manual_seed(seed)
+    lens = pool["lens"][:b]
+    r = torch.rand(b, s_q, MAX_LEN, generator=g, device=device)
+    r.masked_fill_(torch.arange(MAX_LEN, device=device).view(1, 1, -1) >= lens.view(-1, 1, 1), -1.0)
+    pos = r.topk(topk, dim=-1).indices  # distinct, inside the request as long as topk <= MIN_LEN
+    del r
+    table = pool["block_table"][:b].long().unsqueeze(1).expand(b, s_q, -1)
+    page = torch.gather(table, 2, pos // BLOCK_SIZE)
+    return (page * BLOCK_SIZE + pos % BLOCK_SIZE).to(torch.int32).contiguous()
+
+
+def case_flops(case: Case, indices: torch.Tensor) -> float:
+    """2 * h_q * s_q * topk_valid * (576 + 512) per request, summed: every valid index of every query."""
+    return 2.0 * case.h_q * (576 + 512) * int((indices >= 0).sum())
+
+
+def run_case(pool: dict, case: Case, use_peer: bool = True, seed: int = 0, calls: int = 20) -> dict:
+    """One case: checked once, then mla_ext and FlashMLA timed on the same q, cache and indices."""
+    device = pool["cache"].device
+    g = torch.Generator(device=device).manual_seed(1000 + seed)
+    q = torch.randn(case.b, case.s_q, case.h_q, LATENT_DIM, generator=g, dtype=torch.bfloat16, device=device)
+    indices = make_indices(pool, case.b, case.s_q, case.topk, seed)
+    cache = pool["cache"]
+
+    def call():
+        return sparse_decode_mla(q, cache, indices, SOFTMAX_SCALE, "fp8_ds_mla")
+
+    out, lse = call()
+    h_peer = flashmla_peer.peer_heads(case.h_q)
+    peer_run = expected = None
+    against = "reference"
+    if use_peer and flashmla_peer.supports("sparse"):
+        q_peer = flashmla_peer.pad_heads(q, h_peer)
+        peer_run = flashmla_peer.attempt(case.name, lambda: flashmla_peer.sparse(q_peer, cache, indices, SOFTMAX_SCALE))
+        got = peer_run and flashmla_peer.attempt(case.name, peer_run)
+        if got is not None:
+            expected = (got[0][:, :, :case.h_q], flashmla_peer.lse_as_mla_ext(got[1][:, :case.h_q]))
+            against = "FlashMLA"
+    if expected is None:
+        expected = reference.sparse_decode_mla(q, cache, indices, SOFTMAX_SCALE, "fp8_ds_mla")
+    cos, problem = check_outputs(out, lse, *expected, MIN_COS)
+    del out, lse, expected
+    us = graph_time_us(call, f"sparse.{case.name}", calls=calls)
+    peer_us = None
+    if peer_run is not None:
+        peer_us = flashmla_peer.attempt(case.name, lambda: graph_time_us(peer_run, f"flashmla.sparse.{case.name}",
+                                                                         calls=calls))
+    flops = case_flops(case, indices)
+    row = {"case": case.name, "format": "fp8_ds_mla", "mla_ext_us": round(us, 3),
+           "peer_us": None if peer_us is None else round(peer_us, 3), "peer_h_q": h_peer, "flops": flops,
+           "cos_sim": round(cos, 6), "checked_against": against}
+    if problem:
+        row["check_failed"] = problem
+    padded = f" (q padded to {h_peer} heads)" if h_peer != case.h_q and peer_us is not None else ""
+    print(f"{case.name:24s} mla_ext {fmt_us(us):>8s} us {flops / us / 1e6:6.0f} TFLOPS  FlashMLA{padded} "
+          f"{fmt_us(peer_us):>8s} us  cos {cos:.6f} vs {against}{'  CHECK FAILED: ' + problem if problem else ''}",
+          flush=True)
+    del q, indices, peer_run, call
+    torch.cuda.empty_cache()
+    return row
+
+
+def bench_vs_peer(quick: bool = False, only: str | None = None, use_peer: bool = True) -> list[dict]:
+    cases = select_cases(quick, only)
+    if not cases:
+        return []
+    pool = make_pool()  # always the full pool, so a case gets the same inputs however it was selected
+    rows = [run_case(pool, case, use_peer, seed=CASES.index(case)) for case in cases]
+    del pool
+    torch.cuda.empty_cache()
     return rows
+
+
+def _tflops(flops: float, us: float | None) -> str:
+    return "—" if us is None or us <= 0 else f"{flops / us / 1e6:.0f}"
+
+
+def table(rows: list[dict]) -> str:
+    """case, mla_ext us and TFLOPS, FlashMLA us and TFLOPS (the same FLOPs: the h_q heads' work, also
+    where FlashMLA ran padded heads), speed-up (FlashMLA / mla_ext). (!) marks a failed check."""
+    h_q = {r["case"]: int(re.search(r"_h(\d+)_", r["case"]).group(1)) for r in rows}
+    body = [[r["case"] + (" (!)" if "check_failed" in r else ""), fmt_us(r["mla_ext_us"]),
+             _tflops(r["flops"], r["mla_ext_us"]),
+             fmt_us(r["peer_us"]) + (f" (h {r['peer_h_q']})" if r["peer_us"] is not None
+                                     and r["peer_h_q"] != h_q.get(r["case"]) else ""),
+             _tflops(r["flops"], r["peer_us"]), fmt_ratio(r["peer_us"], r["mla_ext_us"])] for r in rows]
+    return markdown_table(["case", "mla_ext us", "mla_ext TFLOPS", "FlashMLA us", "FlashMLA TFLOPS", "speed-up"], body)
+
+
+def summary(rows: list[dict]) -> str:
+    pairs = [(r["peer_us"], r["mla_ext_us"]) for r in rows if r["peer_us"]]
+    lines = []
+    if pairs:
+        gm = math.exp(sum(math.log(p / m) for p, m in pairs) / len(pairs))
+        lines.append(f"fp8_ds_mla: speed-up over FlashMLA geomean {gm:.2f}x, faster in "
+                     f"{sum(p > m for p, m in pairs)} of {len(pairs)} cases")
+    failed = [r["case"] for r in rows if "check_failed" in r]
+    if failed:
+        lines.append("check failed: " + ", ".join(failed))
+    return "\n".join(lines)
+
+
+NOTES = (
+    "fp8_ds_mla cache, page size 64; one pool of 128 requests of 16K-32K tokens (uniform), a case with b "
+    "requests uses the first b; top-k indices distinct and uniform over each request's tokens, as global "
+    "slots. Same q, cache and indices for both; FlashMLA runs 64 or 128 heads, so for h_q 16 and 32 its q "
+    "is zero-padded to 64 heads (\"(h 64)\"; TFLOPS count the h_q heads' work for both). speed-up = "
+    "FlashMLA us / mla_ext us. TFLOPS: FLOPs = 2 * h_q * s_q * topk_valid * (576 + 512) per request. GPU "
+    "time per call: one CUDA graph of 20 calls on one set of inputs, replayed; median replay / 20. Each row "
+    "is checked once before timing: cosine similarity of out > 0.999 against FlashMLA (the fp32 reference "
+    "where FlashMLA did not run); (!) marks a row that failed.")
+
+
+def bench(timer: Timer | None, roofline: Roofline, quick: bool = False) -> list[Row]:
+    """mla_ext alone (checked against the reference), as Rows with bytes and FLOPs, for ``python -m
+    mla_ext``. ``timer`` is not used: GPU time per call by CUDA-graph replay, as in bench_vs_peer."""
+    by_name = {c.name: c for c in CASES}
+    out = []
+    for r in bench_vs_peer(quick=quick, use_peer=False):
+        c = by_name[r["case"]]
+        nbytes = r["flops"] / (2 * c.h_q * (576 + 512)) * 656 + c.b * c.s_q * c.h_q * (576 + 512) * 2
+        out.append(Row(f"{r['case']} fp8_ds_mla", r["mla_ext_us"], bytes=nbytes, flops=r["flops"], roofline=roofline,
+                       extra={"cos_sim_vs_reference": r["cos_sim"]}))
+    return out
