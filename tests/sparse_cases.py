@@ -1,5 +1,6 @@
-"""Inputs for the sparse decode tests and benchmark: a paged cache with NaN in the slots no
-valid index points at, and index lists mixing valid, -1, out-of-range and duplicate entries."""
+"""Inputs for the sparse decode tests: a paged cache with NaN in the slots no valid index points
+at, index lists mixing valid, -1, out-of-range and duplicate entries, and the batch sizes whose
+top-k lists the library splits (partials + combine) or runs whole."""
 
 from __future__ import annotations
 
@@ -53,3 +54,35 @@ def make_indices(b: int, s_q: int, topk: int, good: torch.Tensor, num_slots: int
         idx[..., -1] = idx[..., 0]
         idx[..., 1] = 2**31 - 1
     return idx
+
+
+def head_tile(h_q: int) -> int:
+    """Query heads per CTA (csrc/sparse/sparse_decode.cu): 16, 32, else 64."""
+    return 16 if h_q <= 16 else 32 if h_q <= 32 else 64
+
+
+def _num_sms() -> int:
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def num_splits(b: int, s_q: int, h_q: int, topk: int) -> int:
+    """How many pieces plan_sparse_decode (csrc/sparse/sparse_decode.cu) cuts each top-k list into:
+    as many as the SMs that the b * s_q * ceil(h_q / tile) CTAs leave idle allow, at most one per
+    64-key tile."""
+    sms = _num_sms()
+    tiles = max(1, -(-topk // 64))
+    ctas = b * s_q * -(-h_q // head_tile(h_q))
+    splits = 1 if ctas >= sms else sms // ctas
+    splits = min(max(splits, 1), tiles)
+    per_split = -(-tiles // splits)
+    return -(-tiles // per_split)
+
+
+def batch_size(batch: str, s_q: int, h_q: int, split_b: int = 2) -> int:
+    """"split": ``split_b`` requests (a small batch: its top-k lists are split); "whole": the
+    smallest batch whose CTAs leave no room for a second split (more than half the SMs busy)."""
+    if batch == "split":
+        return split_b
+    assert batch == "whole", batch
+    per_request = s_q * -(-h_q // head_tile(h_q))
+    return _num_sms() // 2 // per_request + 1

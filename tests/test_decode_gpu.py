@@ -1,15 +1,17 @@
 """decode_mla on the GPU against the fp32 reference: formats, head counts, s_q, block sizes,
-edge lengths, NaN in every unused slot, pages in random order, CUDA graphs, torch.compile."""
+edge lengths, NaN in every unused slot, pages in random order, CUDA graphs, torch.compile; and
+which split kernel each kind of input reaches (csrc/decode/dispatch.cu), on the architecture's
+path and forced portable."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import assert_close
+from conftest import (CACHE_FORMAT, SCALAR, assert_close, is_sm90, kernel_is, launched_kernels, set_force_portable,
+                      use_path)
 
 import mla_ext
 from mla_ext import reference
@@ -22,12 +24,16 @@ FORMATS = ("auto", "fp8", "fp8_ds_mla")
 
 def check(inp, causal, lse_atol=2e-3, **kw):
     out, lse = run_op(inp, causal, **kw)
+    check_result(inp, causal, out, lse, lse_atol)
+    return out, lse
+
+
+def check_result(inp, causal, out, lse, lse_atol=2e-3):
     ref_out, ref_lse = run_reference(inp, causal)
     assert out.dtype == inp["q"].dtype and lse.dtype == torch.float32
     # out: bf16/fp16 rounding of P and of the result; lse: fp32 (inputs are exact in bf16).
     assert_close(out, ref_out, cos_tol=2e-5, atol=2e-2, rtol=2e-2, name="out")
     assert_close(lse, ref_lse, cos_tol=1e-7, atol=lse_atol, rtol=1e-4, name="lse")
-    return out, lse
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -183,26 +189,55 @@ def test_seq_lens_past_block_table(h_q, block_size, fmt):
 
 
 @pytest.mark.parametrize("h_q", [16, 64])
-@pytest.mark.parametrize("force_portable", [True, False])
-def test_out_buffers_and_force_portable(h_q, force_portable, monkeypatch):
+@pytest.mark.parametrize("portable_arg", [True, False])
+def test_out_buffers_and_force_portable(h_q, portable_arg, request):
     """out= a strided view and lse= a buffer, written in place and nothing around them (h_q 64 on sm90,
-    unforced: the wgmma kernel's epilogue)."""
+    unforced: the tile-pairs kernel's epilogue); then the same inputs with the portable kernels forced
+    for the process (mla_ext._library.set_force_portable)."""
     inp = make_inputs([70, 900], 2, h_q, 64, "auto", device="cuda")
     big = torch.full((2, 2, h_q + 4, 512), 7.0, dtype=torch.bfloat16, device="cuda")
     out = big[:, :, 2:2 + h_q]  # strided view
     lse = torch.empty(2, h_q, 2, device="cuda")
-    o, l_ = run_op(inp, True, out=out, lse=lse, force_portable=force_portable)
+    o, l_ = run_op(inp, True, out=out, lse=lse, force_portable=portable_arg)
     assert o.data_ptr() == out.data_ptr() and l_ is lse
     ref_out, ref_lse = run_reference(inp, True)
     assert_close(out, ref_out, cos_tol=2e-5, atol=2e-2, rtol=2e-2)
     assert_close(lse, ref_lse, cos_tol=1e-7, atol=2e-3, rtol=1e-4, name="lse")
     assert bool((big[:, :, :2] == 7).all()) and bool((big[:, :, 2 + h_q:] == 7).all())
-    monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
+    use_path(request, "portable")
     check(inp, causal=True)
 
 
+def test_force_portable_hook():
+    """set_force_portable(1) runs the kernel that decode_mla(force_portable=True) runs, bit for bit;
+    0 the architecture's kernels (on sm90: the tile-pairs kernel for these 64-row tiles) whatever
+    MLA_EXT_FORCE_PORTABLE says; -1 the environment's choice again."""
+    inp = make_inputs([70, 900, 3], 1, 64, 64, "auto", device="cuda")
+    call = lambda **kw: launched_kernels(lambda: run_op(inp, True, **kw), "decode_split")  # noqa: E731
+    try:
+        set_force_portable(1)
+        (out_p, lse_p), forced = call()
+        set_force_portable(0)
+        (out_a, lse_a), arch = call()
+        (out_arg, lse_arg), by_arg = call(force_portable=True)
+        set_force_portable(-1)
+        _, env = call()
+    finally:
+        set_force_portable(-1)
+    assert by_arg == forced and torch.equal(out_arg, out_p) and torch.equal(lse_arg, lse_p), (by_arg, forced)
+    assert len(forced) == 1 and kernel_is(forced[0], "portable::decode_split_kernel",
+                                          (SCALAR[torch.bfloat16], CACHE_FORMAT["auto"], 64)), forced
+    if is_sm90():
+        pairs = ("decode_split_wgmma_pairs_kernel", (SCALAR[torch.bfloat16], False))
+        assert len(arch) == 1 and kernel_is(arch[0], *pairs), arch
+    env_forced = os.environ.get("MLA_EXT_FORCE_PORTABLE", "") not in ("", "0")
+    assert env == (forced if env_forced else arch), (env, env_forced)
+    check_result(inp, True, out_a, lse_a)
+    check_result(inp, True, out_p, lse_p)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("path", ["default", "split_tiles", "portable64"])
+@pytest.mark.parametrize("path", ["default", "portable"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("lens,s_q,h_q,block_size", [
     ([0, 1, 63, 64, 65, 300, 1000, 4097], 1, 128, 64),
@@ -213,21 +248,14 @@ def test_out_buffers_and_force_portable(h_q, force_portable, monkeypatch):
     ([3, 64, 200], 1, 128, 8),
     ([20000], 2, 64, 256),
 ])
-def test_64_row_tiles(fmt, path, dtype, lens, s_q, h_q, block_size, monkeypatch):
+def test_64_row_tiles(fmt, path, dtype, lens, s_q, h_q, block_size, request):
     """More than 32 query rows (s_q x h_q) per request: 64-row tiles. On sm90 the default runs them on
-    wgmma (csrc/decode/sm90/; 16-bit cache pages by TMA at block sizes 8, 16, 32, 64 and 256, fp8
-    formats dequantised), MLA_EXT_DECODE_WGMMA=0 on the portable mma.sync kernel; both
-    against the reference, causal and not, unused slots NaN, padded pages, fp8_ds_mla scales that are
-    not powers of two, one request long enough to be split (partials + combine). 16-bit caches that
-    TMA copies (block sizes that are multiples of 64, or 8, 16, 32) take the tile-pairs kernel
-    (decode_split_wgmma_pairs.cu) by default; "split_tiles" (MLA_EXT_DECODE_PAIRS=0) runs them on
-    decode_split_wgmma.cu instead (its TMA path in whole pages, else cp.async)."""
-    if path == "split_tiles" and (fmt != "auto" or not (block_size % 64 == 0 or block_size in (8, 16, 32))):
-        pytest.skip("the same kernel as the default path: only 16-bit caches copied by TMA have two")
-    if path == "split_tiles":
-        monkeypatch.setenv("MLA_EXT_DECODE_PAIRS", "0")
-    if path == "portable64":
-        monkeypatch.setenv("MLA_EXT_DECODE_WGMMA", "0")
+    wgmma (csrc/decode/sm90/): 16-bit caches whose pages TMA copies (block sizes 8, 16, 32 and
+    multiples of 64) on the tile-pairs kernel, the others (block sizes 1, 61) and the fp8 formats
+    (dequantised) on decode_split_wgmma.cu with cp.async; "portable" (forced) on the mma.sync kernel.
+    Both against the reference, causal and not, unused slots NaN, padded pages, fp8_ds_mla scales
+    that are not powers of two, one request long enough to be split (partials + combine)."""
+    use_path(request, path)
     inp = make_inputs(lens, s_q, h_q, block_size, fmt, dtype=dtype, page_pad=3 if block_size == 61 else 0,
                       arbitrary_scales=fmt == "fp8_ds_mla", device="cuda")
     for causal in (True, False):
@@ -248,62 +276,6 @@ def test_small_wgmma_64_rows(fmt, block_size):
         check_rounded_tiles(inp, causal=True)
     else:
         check(inp, causal=True)
-
-
-def _decode_kernels_run(fn):
-    """Names of the decode split kernels one call of fn launches (torch profiler)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return {e.name for e in prof.events() if "decode_split" in e.name}
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_wgmma_env_selects_kernel(fmt, monkeypatch):
-    """On sm90 64-row tiles run the wgmma kernel, MLA_EXT_DECODE_WGMMA=0 (and MLA_EXT_FORCE_PORTABLE=1)
-    the portable one: so "portable64" above tests what it names."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the wgmma kernel is the sm90 path")
-    for var in ("MLA_EXT_DECODE_WGMMA", "MLA_EXT_DECODE_PAIRS", "MLA_EXT_FORCE_PORTABLE"):
-        monkeypatch.delenv(var, raising=False)
-    inp = make_inputs([300, 70], 1, 128, 64, fmt, device="cuda")
-    call = lambda: run_op(inp, True)  # noqa: E731
-    default = _decode_kernels_run(call)
-    monkeypatch.setenv("MLA_EXT_DECODE_WGMMA", "0")
-    portable = _decode_kernels_run(call)
-    assert len(default) == 1 and any("wgmma" in n for n in default), default
-    assert len(portable) == 1 and not any("wgmma" in n for n in portable), portable
-    # 16-bit pages of 64 keys: the tile-pairs kernel, MLA_EXT_DECODE_PAIRS=0 the tile-splitting one.
-    assert any("pairs" in n for n in default) == (fmt == "auto"), default
-    monkeypatch.delenv("MLA_EXT_DECODE_WGMMA")
-    monkeypatch.setenv("MLA_EXT_DECODE_PAIRS", "0")
-    split = _decode_kernels_run(call)
-    assert len(split) == 1 and any("wgmma" in n for n in split) and not any("pairs" in n for n in split), split
-    monkeypatch.delenv("MLA_EXT_DECODE_PAIRS")
-    # Pages of 16 keys (four per tile): the tile-pairs kernel too.
-    small_pages = _decode_kernels_run(lambda: run_op(make_inputs([300, 70], 1, 128, 16, fmt, device="cuda"), True))
-    assert any("pairs" in n for n in small_pages) == (fmt == "auto"), small_pages
-    monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
-    assert _decode_kernels_run(call) == portable
-
-
-@pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla"])
-@pytest.mark.parametrize("block_size,row_pad,packed", [(64, 0, True), (16, 0, True), (64, 16, False), (61, 0, False)])
-def test_fp8_raw_rows_selected(fmt, block_size, row_pad, packed):
-    """The mma.sync fp8 kernels copy raw rows (the second-last template argument) when rows are packed
-    (656 / 576 bytes) and block_size is a multiple of 16: by bulk copies (the last argument) on sm90
-    and newer unless MLA_EXT_DECODE_BULK_ROWS=0, else by cp.async (fp8_ds_mla only); otherwise rows
-    with 4 (fp8) or 8 (fp8_ds_mla) threads each."""
-    if os.environ.get("MLA_EXT_DECODE_ROW_THREADS"):
-        pytest.skip("MLA_EXT_DECODE_ROW_THREADS asks for row copies")
-    bulk = packed and torch.cuda.get_device_capability() >= (9, 0) and os.environ.get("MLA_EXT_DECODE_BULK_ROWS") != "0"
-    raw = bulk or (packed and fmt == "fp8_ds_mla")
-    inp = make_inputs([300, 70], 1, 16, block_size, fmt, row_pad=row_pad, device="cuda")
-    names = _decode_kernels_run(lambda: check(inp, causal=True, force_portable=True))
-    fp8 = [n for n in names if "decode_split_fp8_kernel" in n]
-    assert len(fp8) == 1, names
-    flags = [a.strip() for a in fp8[0].split(">(")[0].split(",")[-2:]]
-    assert flags == [str(raw).lower(), str(bulk).lower()], names
 
 
 def test_cuda_graph_replay():
@@ -380,33 +352,11 @@ def test_small_for_sanitizer():
 def test_small_whole_tile_copies(fmt, block_size):
     """On sm90 the fp8 kernel copies tiles with TMA, one box per page (a tile is 1, 2, 4 or 8 pages):
     rows past the sequence arrive as the page holds them (NaN here) and must be zeroed. Kept small
-    for the sanitizers (-k small); the cp.async copies of the same kernel: test_fp8_16_row_loaders."""
+    for the sanitizers (-k small); the cp.async copies of the same kernel: test_small_decode_kernels."""
     inp = make_inputs([0, 1, 63, 64, 65, 130, 700], 1, 16, block_size, fmt, arbitrary_scales=fmt == "fp8_ds_mla",
                       device="cuda")
     check(inp, causal=True)
     check(inp, causal=False)
-
-
-_ROW_THREADS_CHECK = """
-import torch
-from conftest import assert_close
-from mla_ext.bench.decode import make_inputs, run_op, run_reference
-torch.manual_seed(7)
-for fmt in ("fp8", "fp8_ds_mla"):
-    # (raw rows need packed rows (656 / 576 bytes) and 16-row pieces of pages: bs 16, 64, 48; bs 61 and
-    # padded rows take the row copies whatever the environment says; fp8 raw rows only by bulk copies)
-    for block_size, page_pad, row_pad in ((16, 0, 0), (61, 3, 0), (64, 0, 0), (48, 0, 0), (32, 0, 16)):
-        for h_q in (5, 16):
-            inp = make_inputs([0, 1, 63, 64, 65, 300, 1000], 1, h_q, block_size, fmt, page_pad=page_pad, row_pad=row_pad,
-                              arbitrary_scales=fmt == "fp8_ds_mla")
-            ref_out, ref_lse = run_reference(inp, True)
-            for portable in (False, True):  # on sm90: the wgmma QK^T kernel, then the mma.sync one
-                out, lse = run_op(inp, True, force_portable=portable)
-                name = f"{fmt} bs{block_size} pad{page_pad},{row_pad} h{h_q} portable={portable}"
-                assert_close(out, ref_out, cos_tol=2e-5, atol=2e-2, rtol=2e-2, name="out " + name)
-                assert_close(lse, ref_lse, cos_tol=1e-7, atol=2e-3, rtol=1e-4, name="lse " + name)
-print("ok")
-"""
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla"])
@@ -421,27 +371,167 @@ def test_fp8_16_rows_portable_kernel(fmt, h_q, dtype):
 
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla"])
 @pytest.mark.parametrize("block_size", [16, 64, 128, 192])
-def test_fp8_16_rows_long_pieces(fmt, block_size):
+@pytest.mark.parametrize("portable", [False, True])
+def test_fp8_16_rows_long_pieces(fmt, block_size, portable):
     """A plan for 3 SMs, so that each CTA of the 16-row fp8 kernel walks several pieces of up to ~60
     tiles that start and end mid-request (the two teams' stages are reused across pieces, team 1's for
-    the end-of-piece exchange too); pages hold 1-3 tiles (block_size 192: rows 0, 64, 128)."""
+    the end-of-piece exchange too); pages hold 1-3 tiles (block_size 192: rows 0, 64, 128). On sm90
+    unforced: the wgmma QK^T variant with TMA tiles (block size 16: four pages per tile); forced
+    portable: the mma.sync variant with raw rows by bulk copies."""
     lens = [0, 1, 64 * 37 + 5, 3000, 64 * 16, 641, 2 * 192]
     inp = make_inputs(lens, 1, 16, block_size, fmt, arbitrary_scales=fmt == "fp8_ds_mla", device="cuda")
     plan = mla_ext.get_decode_plan(inp["seq_lens"], 1, 16, fmt, num_sms=3)
-    check(inp, causal=True, force_portable=True, plan=plan)
+    check(inp, causal=True, force_portable=portable, plan=plan)
 
 
-@pytest.mark.parametrize("row_threads,tma_tiles,bulk_rows",
-                         [("4", "1", "1"), ("8", "1", "1"), ("4", "0", "1"), ("8", "0", "1"), ("0", "0", "1"), ("0", "0", "0")])
-def test_fp8_16_row_loaders(row_threads, tma_tiles, bulk_rows):
-    """Every tile loader of the fp8 16-row kernel: cp.async with 4 or 8 threads per cache row (fp8 uses
-    4 by default, MLA_EXT_DECODE_ROW_THREADS forces either), raw fp8_ds_mla rows on the mma.sync path
-    (its default where the layout allows; row threads "0" = unset), by bulk copies on sm90 and newer
-    or by cp.async (MLA_EXT_DECODE_BULK_ROWS=0), and, on sm90 where a tile is one page, TMA
-    (MLA_EXT_DECODE_TMA_TILES=0 turns it off); env read once per process."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, MLA_EXT_DECODE_ROW_THREADS=row_threads, MLA_EXT_DECODE_TMA_TILES=tma_tiles,
-               MLA_EXT_DECODE_BULK_ROWS=bulk_rows,
-               PYTHONPATH=os.pathsep.join([os.path.dirname(here), here, os.environ.get("PYTHONPATH", "")]))
-    res = subprocess.run([sys.executable, "-c", _ROW_THREADS_CHECK], env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stdout[-2000:] + res.stderr[-4000:]
+# ---- which split kernel each kind of input reaches (csrc/decode/dispatch.cu) -------------------
+
+_BF16, _FP16 = torch.bfloat16, torch.float16
+# The fp8 16-row kernel's TMA tile copies (csrc/decode/kernels.h TmaTiles): none (cp.async rows),
+# one page of whole tiles (block sizes that are multiples of 64), 2-8 pages per tile (8, 16, 32).
+_TMA_NONE, _TMA_WHOLE_PAGE, _TMA_PAGES = 0, 1, 2
+
+
+def _portable(dtype, fmt, block_m):
+    return "portable::decode_split_kernel", (SCALAR[dtype], CACHE_FORMAT[fmt], block_m)
+
+
+def _fp8_16_rows(dtype, fmt, *, qk_wgmma=False, tma=_TMA_NONE, raw_rows=False):
+    # Threads per cache row of the row copies: 8 for fp8_ds_mla, 4 for fp8; 8 where nothing copies rows.
+    row_threads = 8 if tma != _TMA_NONE or raw_rows or fmt == "fp8_ds_mla" else 4
+    return "decode_split_fp8_kernel", (SCALAR[dtype], CACHE_FORMAT[fmt], row_threads, qk_wgmma, tma, raw_rows)
+
+
+def _wgmma(dtype, fmt):
+    return "hopper::decode_split_wgmma_kernel", (SCALAR[dtype], CACHE_FORMAT[fmt])
+
+
+def _pairs(dtype, page_boxes):
+    return "decode_split_wgmma_pairs_kernel", (SCALAR[dtype], page_boxes)
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatchCase:
+    """One kind of decode input and the split kernel it runs on sm90 (bf16 q, not forced) and on
+    the portable path (forced, or a GPU other than sm90)."""
+
+    id: str
+    fmt: str
+    block_size: int
+    sm90: tuple
+    portable: tuple
+    s_q: int = 1
+    h_q: int = 16
+    dtype: torch.dtype = _BF16
+    page_pad: int = 0  # extra (NaN) rows per page
+    row_pad: int = 0   # extra (NaN) elements per row: rows not packed, strides still multiples of 16 bytes
+
+    def inputs(self):
+        return make_inputs([0, 1, 63, 64, 65, 130, 700], self.s_q, self.h_q, self.block_size, self.fmt,
+                           dtype=self.dtype, page_pad=self.page_pad, row_pad=self.row_pad, device="cuda")
+
+
+def _dispatch_cases() -> list[DispatchCase]:
+    cases = []
+
+    def add(id, fmt, block_size, sm90, portable=None, **kw):
+        cases.append(DispatchCase(id, fmt, block_size, sm90, sm90 if portable is None else portable, **kw))
+
+    # <= 16 query rows, 16-bit cache: the portable 16-row kernel everywhere.
+    add("auto_h16_bs64", "auto", 64, _portable(_BF16, "auto", 16))
+    add("auto_s3_h5_bs61", "auto", 61, _portable(_BF16, "auto", 16), s_q=3, h_q=5, page_pad=3)
+    add("auto_fp16_h16_bs16", "auto", 16, _portable(_FP16, "auto", 16), dtype=_FP16)
+    # <= 16 rows, fp8 caches: the fp8 16-row kernel. sm90, bf16 q: QK^T on wgmma, tiles by TMA where
+    # the tensor map builds (block sizes 8, 16, 32 and multiples of 64; any strides the binding takes),
+    # else cp.async rows (block sizes 1, 48, 61, 100). Forced portable, and fp16 q on sm90: mma.sync,
+    # raw rows by bulk copies where rows are packed and block_size % 16 == 0, else row copies.
+    for fmt in ("fp8", "fp8_ds_mla"):
+        whole = _fp8_16_rows(_BF16, fmt, qk_wgmma=True, tma=_TMA_WHOLE_PAGE)
+        pages = _fp8_16_rows(_BF16, fmt, qk_wgmma=True, tma=_TMA_PAGES)
+        rows_wgmma = _fp8_16_rows(_BF16, fmt, qk_wgmma=True)
+        raw, rows = _fp8_16_rows(_BF16, fmt, raw_rows=True), _fp8_16_rows(_BF16, fmt)
+        raw16, rows16 = _fp8_16_rows(_FP16, fmt, raw_rows=True), _fp8_16_rows(_FP16, fmt)
+        add(f"{fmt}_bs64", fmt, 64, whole, raw)
+        add(f"{fmt}_bs192_pagepad", fmt, 192, whole, raw, page_pad=3)
+        add(f"{fmt}_bs128_rowpad", fmt, 128, whole, rows, row_pad=32)
+        add(f"{fmt}_bs8", fmt, 8, pages, rows)
+        add(f"{fmt}_bs16", fmt, 16, pages, raw)
+        add(f"{fmt}_h5_bs16_pagepad", fmt, 16, pages, raw, h_q=5, page_pad=5)
+        add(f"{fmt}_bs32_rowpad", fmt, 32, pages, rows, row_pad=16)
+        add(f"{fmt}_bs1", fmt, 1, rows_wgmma, rows)
+        add(f"{fmt}_bs48", fmt, 48, rows_wgmma, raw)
+        add(f"{fmt}_bs61_pagepad", fmt, 61, rows_wgmma, rows, page_pad=3)
+        add(f"{fmt}_s2_h8_bs100", fmt, 100, rows_wgmma, rows, s_q=2, h_q=8)
+        add(f"{fmt}_fp16_bs64", fmt, 64, raw16, dtype=_FP16)
+        add(f"{fmt}_fp16_bs16_rowpad", fmt, 16, rows16, dtype=_FP16, row_pad=16)
+        add(f"{fmt}_fp16_bs61_pagepad", fmt, 61, rows16, dtype=_FP16, page_pad=3)
+    # 17-32 rows: the portable 32-row kernel everywhere.
+    for fmt in FORMATS:
+        add(f"{fmt}_s2_h16_bs16", fmt, 16, _portable(_BF16, fmt, 32), s_q=2)
+        add(f"{fmt}_fp16_h20_bs61", fmt, 61, _portable(_FP16, fmt, 32), h_q=20, dtype=_FP16, page_pad=3)
+    # > 32 rows. sm90, 16-bit cache: the tile-pairs kernel where the tensor map builds (page boxes
+    # for block sizes 8, 16, 32), else decode_split_wgmma.cu; fp8 caches: decode_split_wgmma.cu
+    # (fp16 q too). Forced portable: the portable 64-row kernel.
+    for dtype, name in ((_BF16, ""), (_FP16, "_fp16")):
+        p64 = _portable(dtype, "auto", 64)
+        add(f"auto{name}_h64_bs64", "auto", 64, _pairs(dtype, False), p64, h_q=64, dtype=dtype)
+        add(f"auto{name}_h128_bs256_rowpad", "auto", 256, _pairs(dtype, False), p64, h_q=128, dtype=dtype, row_pad=8)
+        add(f"auto{name}_h64_bs16", "auto", 16, _pairs(dtype, True), p64, h_q=64, dtype=dtype)
+        add(f"auto{name}_s2_h32_bs8_pagepad", "auto", 8, _pairs(dtype, True), p64, s_q=2, h_q=32, dtype=dtype,
+            page_pad=1)
+        add(f"auto{name}_h40_bs32", "auto", 32, _pairs(dtype, True), p64, h_q=40, dtype=dtype)
+        add(f"auto{name}_h64_bs61_pagepad", "auto", 61, _wgmma(dtype, "auto"), p64, h_q=64, dtype=dtype, page_pad=3)
+        add(f"auto{name}_h64_bs1", "auto", 1, _wgmma(dtype, "auto"), p64, h_q=64, dtype=dtype)
+        add(f"auto{name}_h128_bs48", "auto", 48, _wgmma(dtype, "auto"), p64, h_q=128, dtype=dtype)
+        for fmt in ("fp8", "fp8_ds_mla"):
+            p64 = _portable(dtype, fmt, 64)
+            add(f"{fmt}{name}_h64_bs64", fmt, 64, _wgmma(dtype, fmt), p64, h_q=64, dtype=dtype)
+            add(f"{fmt}{name}_h128_bs16_rowpad", fmt, 16, _wgmma(dtype, fmt), p64, h_q=128, dtype=dtype, row_pad=16)
+            add(f"{fmt}{name}_s3_h16_bs61_pagepad", fmt, 61, _wgmma(dtype, fmt), p64, s_q=3, dtype=dtype, page_pad=3)
+    return cases
+
+
+DISPATCH_CASES = {c.id: c for c in _dispatch_cases()}
+
+
+@pytest.mark.parametrize("path", ["arch", "portable"])
+@pytest.mark.parametrize("case", DISPATCH_CASES.values(), ids=DISPATCH_CASES.keys())
+def test_decode_dispatch(case, path, request):
+    """Each kind of input (format, block size, packed or padded rows and pages, q dtype, query rows)
+    runs the split kernel csrc/decode/dispatch.cu names for it, on the architecture's path ("arch":
+    on sm90 the wgmma / TMA kernels) and forced portable, and matches the reference."""
+    use_path(request, path)
+    inp = case.inputs()
+    (out, lse), names = launched_kernels(lambda: run_op(inp, True), "decode_split")
+    want = case.sm90 if path == "arch" and is_sm90() else case.portable
+    assert len(names) == 1 and kernel_is(names[0], *want), (names, want)
+    check_result(inp, True, out, lse)
+
+
+# Small cases of the split kernels that test_small_for_sanitizer, test_small_wgmma_64_rows and
+# test_small_whole_tile_copies leave out, for the sanitizers (-k small): "default" is the
+# environment's path (on sm90 unforced: the architecture's kernels), "portable" forced portable.
+SMALL_CASES = [
+    ("fp8_bs61_pagepad", "default"),        # sm90: wgmma QK^T, cp.async rows, 4 threads per row
+    ("fp8_ds_mla_bs61_pagepad", "default"),  # ... 8 threads per row
+    ("fp8_fp16_bs64", "default"),           # mma.sync, raw rows by bulk copies (fp16 q)
+    ("fp8_ds_mla_fp16_bs61_pagepad", "default"),  # mma.sync, row copies (fp16 q)
+    ("fp8_ds_mla_bs64", "portable"),        # mma.sync, raw rows (bf16 q)
+    ("fp8_bs61_pagepad", "portable"),       # mma.sync, row copies (bf16 q)
+    ("auto_h64_bs61_pagepad", "default"),   # sm90: decode_split_wgmma.cu on a 16-bit cache
+    ("auto_h64_bs64", "portable"),          # the portable 64-row kernel, each format
+    ("fp8_h64_bs64", "portable"),
+    ("fp8_ds_mla_s3_h16_bs61_pagepad", "portable"),
+]
+
+
+@pytest.mark.parametrize("case,path", [(DISPATCH_CASES[i], p) for i, p in SMALL_CASES],
+                         ids=[f"{i}-{p}" for i, p in SMALL_CASES])
+def test_small_decode_kernels(case, path, request):
+    """The inputs of test_decode_dispatch for the kernels above, checked against the reference without
+    the profiler (which does not run under compute-sanitizer)."""
+    use_path(request, path)
+    inp = case.inputs()
+    check(inp, causal=True)
+    if case.s_q > 1:
+        check(inp, causal=False)

@@ -4,6 +4,7 @@ schemas (opcheck on CPU), fakes under torch.compile, and clear errors for bad in
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -254,62 +255,77 @@ def test_expanded_out_buffers_are_refused():
         run_op(inp, True, lse=lse)
 
 
+def _flash_mla_package(root, body: str) -> str:
+    """A folder holding a ``flash_mla`` package whose __init__.py is ``body``."""
+    (root / "flash_mla").mkdir(parents=True)
+    (root / "flash_mla" / "__init__.py").write_text(body)
+    return str(root)
+
+
 def test_flashmla_peer_absent_is_reported(monkeypatch, tmp_path):
-    """The benchmarks' FlashMLA peer (mla_ext/bench/flashmla_peer.py) is optional: a missing or
-    unloadable library gives a status line that says why, and no peer rows."""
+    """The benchmarks' FlashMLA peer (mla_ext/bench/flashmla_peer.py) is optional: a folder without
+    flash_mla, a flash_mla that fails to import or one without the API gives a status line that
+    says why, and the peer is not available for any op."""
     from mla_ext.bench import flashmla_peer
 
     monkeypatch.setattr(flashmla_peer, "_state", {})
-    monkeypatch.setenv("MLA_EXT_FLASHMLA_SO", str(tmp_path / "missing.so"))
-    assert flashmla_peer.status().startswith("FlashMLA peer not run:") and "not found" in flashmla_peer.status()
-    assert not flashmla_peer.available()
-    bad = tmp_path / "bad.so"
-    bad.write_bytes(b"not a library")
-    monkeypatch.setattr(flashmla_peer, "_state", {})
-    monkeypatch.setenv("MLA_EXT_FLASHMLA_SO", str(bad))
-    assert "did not load" in flashmla_peer.status() and not flashmla_peer.available()
+    monkeypatch.setattr(sys, "path", list(sys.path))  # load() puts its folder first on sys.path
+    cases = [  # (folder, what the status line must name)
+        (str(tmp_path / "nowhere"), "nowhere"),
+        (_flash_mla_package(tmp_path / "broken", "raise ImportError('built for sm_80 only')\n"), "built for sm_80 only"),
+        (_flash_mla_package(tmp_path / "partial", "def get_mla_metadata():\n    return None, None\n"),
+         "flash_mla_with_kvcache"),
+    ]
+    try:
+        for folder, why in cases:
+            sys.modules.pop("flash_mla", None)
+            status = flashmla_peer.load(folder)
+            assert status == flashmla_peer.status() and status.startswith("peer not available"), status
+            assert why in status, status
+            assert not flashmla_peer.available()
+            for op in ("dense", "sparse"):
+                assert not flashmla_peer.supports(op) and flashmla_peer.why_not(op) == status
+                assert flashmla_peer.describe(op) == f"{flashmla_peer.NAME}: {status}"
+    finally:
+        sys.modules.pop("flash_mla", None)
 
 
-def test_flashmla_peer_agreement_and_summary():
-    """The peer is timed only when its out and lse match mla_ext's (a different scale, base or mask
-    shows in the lse); the decode summary keeps peer rows out of the bar's lines and reports the
-    same-run speed ratio."""
+def test_flashmla_peer_loaded_and_helpers(monkeypatch, tmp_path, capsys):
+    """A flash_mla with the API loads (status names the peer); a failing peer call gives None and
+    a printed line instead of an exception; the helpers that line FlashMLA up with mla_ext: heads
+    padded to 64 / 128, +inf lse (nothing attended) read as -inf."""
     from mla_ext.bench import flashmla_peer
-    from mla_ext.bench.decode import bandwidth_summary
-    from mla_ext.bench.harness import Roofline, Row
 
-    g = torch.Generator().manual_seed(3)
-    out = torch.randn(2, 1, 16, 512, generator=g)
-    lse = torch.randn(2, 16, 1, generator=g)
-    lse[1, 3, 0] = -math.inf  # a row with nothing to attend to
-    assert flashmla_peer.disagreement(out * 1.001, lse + 0.05, out, lse) == ""
-    assert "output" in flashmla_peer.disagreement(out * 1.1, lse, out, lse)
-    assert "lse error" in flashmla_peer.disagreement(out, lse * 1.4427, out, lse)  # log2 instead of ln
-    moved = lse.clone()
-    moved[1, 3, 0] = 0.0
-    assert "finite" in flashmla_peer.disagreement(out, moved, out, lse)
-    assert "non-finite" in flashmla_peer.disagreement(out * float("nan"), lse, out, lse)
-
-    # time_checked: timed only when the call works and agrees (on the first `heads` heads when padded).
-    class _Timer:
-        def time_us(self, fn, name):
-            fn()
-            return 42.0
-
-    padded = (torch.cat([out, out], dim=2), torch.cat([lse, lse], dim=1))
-    assert flashmla_peer.time_checked(_Timer(), "case", lambda: lambda: padded, (out, lse), heads=16) == 42.0
-    assert flashmla_peer.time_checked(_Timer(), "case", lambda: lambda: (out * 2, lse), (out, lse)) is None
+    monkeypatch.setattr(flashmla_peer, "_state", {})
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    body = ("def get_mla_metadata(*args):\n    return None, None\n\n"
+            "def flash_mla_with_kvcache(*args):\n    return None\n")
+    try:
+        sys.modules.pop("flash_mla", None)
+        status = flashmla_peer.load(_flash_mla_package(tmp_path / "fake", body))
+        assert status.startswith(flashmla_peer.NAME) and flashmla_peer.available(), status
+    finally:
+        sys.modules.pop("flash_mla", None)
+    for op in ("dense", "sparse"):
+        described = flashmla_peer.describe(op)
+        if flashmla_peer.supports(op):
+            assert described == flashmla_peer.NAME
+        else:
+            assert described.startswith(flashmla_peer.NAME + ": "), described
 
     def broken():
         raise RuntimeError("no kernel image for this GPU")
 
-    assert flashmla_peer.time_checked(_Timer(), "case", broken, (out, lse)) is None
-    assert flashmla_peer.time_checked(_Timer(), "case", lambda: broken, (out, lse)) is None
+    assert flashmla_peer.attempt("case b1", broken) is None
+    assert "case b1" in capsys.readouterr().out
+    assert flashmla_peer.attempt("case b2", lambda: 42) == 42
 
-    rf = Roofline(copy_GBps=4000.0, bf16_mm_TFLOPS=700.0)
-    ours = Row("auto memory-bound b=1 bs=64", 100.0, bytes=4e8, roofline=rf, extra={"flashmla_us_over_mla_ext": 1.1})
-    peer = Row("FlashMLA peer: auto memory-bound b=1 bs=64", 110.0, bytes=4e8, roofline=rf, extra={"peer": "FlashMLA"})
-    lines = bandwidth_summary([ours, peer]).splitlines()
-    assert lines[0] == "auto memory-bound b=1 bs=64: 100% of copy bandwidth"
-    assert not any(line.startswith("FlashMLA peer") for line in lines)
-    assert lines[-1] == "mla_ext vs FlashMLA (same run), auto memory-bound b=1 bs=64: 1.10x as fast"
+    lse = torch.tensor([[0.5, math.inf], [-math.inf, 2.0]])
+    mapped = flashmla_peer.lse_as_mla_ext(lse)
+    assert torch.equal(mapped, torch.tensor([[0.5, -math.inf], [-math.inf, 2.0]]))
+    assert [flashmla_peer.peer_heads(h) for h in (1, 16, 64, 65, 128)] == [64, 64, 64, 128, 128]
+    q = torch.randn(2, 1, 16, 576)
+    padded = flashmla_peer.pad_heads(q, 64)
+    assert padded.shape == (2, 1, 64, 576) and torch.equal(padded[:, :, :16], q)
+    assert bool((padded[:, :, 16:] == 0).all())
+    assert flashmla_peer.pad_heads(padded, 64) is padded

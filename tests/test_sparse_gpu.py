@@ -1,4 +1,18 @@
-"""GPU tests of the sparse top-k decode and the index builders against the reference."""
+"""GPU tests of the sparse top-k decode and the index builders against the reference, and which
+kernel each kind of input reaches (csrc/sparse/sparse_decode.cu).
+
+Kernels on an H200, by head tile (16 for h_q <= 16, 32 up to 32, else 64) and format. sm90, not
+forced portable: fp8_ds_mla 64-head tiles the wgmma kernel (sm90/sparse_decode_sm90_fp8.cu, rows
+gathered by bulk copies), 16-head tiles the e4m3-fragment kernel with bulk row copies from 4 copy
+warps. Forced portable (what sm100 runs), and every bf16 cache and 32-head tile: the portable
+kernels (fp8_ds_mla 16 heads: e4m3 fragments, cp.async gathers by 4 copy warps; 64 heads: V read
+from the staging rows). The other portable configurations (the dequantising fp8_ds_mla 16-head
+kernel, one-stage pipelines, gathers by the compute warps) are fallbacks for GPUs with less shared
+memory per block than an H200 has: no input reaches them there, so no test here runs them.
+
+The top-k list is split over several CTAs (partials + the split combine) only when the batch's
+b * s_q * ceil(h_q / tile) CTAs leave SMs idle: small batches split, large ones do not ("split" and
+"whole" below)."""
 
 from __future__ import annotations
 
@@ -8,17 +22,35 @@ import pytest
 import torch
 
 import mla_ext
-from conftest import assert_close
+from conftest import CACHE_FORMAT, assert_close, is_sm90, kernel_is, launched_kernels, use_path
 from mla_ext import reference
 from mla_ext.formats import DS_MLA_ROPE_OFFSET, DS_MLA_SCALE_OFFSET
-from sparse_cases import SOFTMAX_SCALE, make_cache, make_indices
+from sparse_cases import SOFTMAX_SCALE, batch_size, make_cache, make_indices, num_splits
 
 pytestmark = pytest.mark.gpu
 FORMATS = ["fp8_ds_mla", "auto"]
+BATCHES = ["split", "whole"]
 
 
-def _check(q, cache, idx, fmt, topk_length=None, sink=None):
-    out, lse = mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt, topk_length, sink)
+def _check(q, cache, idx, fmt, topk_length=None, sink=None, batch=None):
+    """Against the reference; with ``batch`` ("split" / "whole") also whether the split combine ran."""
+    call = lambda: mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt, topk_length, sink)  # noqa: E731
+    if batch is None:
+        out, lse = call()
+    else:
+        (out, lse), combine = launched_kernels(call, "split_combine_kernel")
+        _assert_split_path(q, idx, batch, combine)
+    _compare(q, cache, idx, fmt, topk_length, sink, out, lse)
+    return out, lse
+
+
+def _assert_split_path(q, idx, batch, combine_kernels):
+    b, s_q, h_q = q.shape[:3]
+    assert (num_splits(b, s_q, h_q, idx.shape[-1]) > 1) == (batch == "split"), "the case does not test its batch"
+    assert bool(combine_kernels) == (batch == "split"), combine_kernels
+
+
+def _compare(q, cache, idx, fmt, topk_length, sink, out, lse):
     assert out.dtype == torch.bfloat16 and out.shape == q.shape[:3] + (512,)
     assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.is_contiguous()
     # Against the fp32 spec, both formats. bf16 rows: the kernel rounds P to bf16 and out to bf16.
@@ -28,7 +60,6 @@ def _check(q, cache, idx, fmt, topk_length=None, sink=None):
     ref_out, ref_lse = reference.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt, topk_length, sink)
     assert_close(out, ref_out, cos_tol=1e-5, atol=5e-3, rtol=1e-2, name="out vs fp32 spec")
     assert_close(lse, ref_lse, cos_tol=1e-7, atol=5e-4, rtol=1e-4, name="lse vs fp32 spec")
-    return out, lse
 
 
 def _case(b, s_q, h_q, topk, block_size, fmt, pad_pages=False):
@@ -37,6 +68,18 @@ def _case(b, s_q, h_q, topk, block_size, fmt, pad_pages=False):
     idx = make_indices(b, s_q, topk, good, num_blocks * block_size)
     q = torch.randn(b, s_q, h_q, 576, dtype=torch.bfloat16, device="cuda")
     return q, cache, idx, poisoned
+
+
+def _topk_length(b, topk):
+    """Random lengths with the full list in request 0, nothing in request 1 (when b > 1) and one cut
+    inside a tile in request 2 (when b > 2)."""
+    tl = torch.randint(1, topk + 1, (b,), dtype=torch.int32, device="cuda")
+    tl[0] = topk
+    if b > 1:
+        tl[1] = 0
+    if b > 2:
+        tl[2] = min(topk, 131)
+    return tl
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -50,38 +93,36 @@ def test_decode_matches_reference(fmt, h_q, topk, s_q, block_size):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("h_q, b", [(20, 3), (128, 70), (16, 140), (36, 5)])
-@pytest.mark.parametrize("splits", ["1", "3", "auto"])
-def test_split_paths_and_odd_heads(fmt, h_q, b, splits, monkeypatch):
-    # "1" = one CTA per query and head tile (no combine), "3" = forced 3-way split + combine.
-    if splits != "auto":
-        monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", splits)
+@pytest.mark.parametrize("h_q", [20, 128, 16, 36])
+@pytest.mark.parametrize("batch", BATCHES)
+def test_split_paths_and_odd_heads(fmt, h_q, batch):
+    """One CTA per query token and head tile (no combine) for a large batch, the top-k list split
+    (partials + combine) for a small one; head counts that leave rows of the tile unused."""
+    b = batch_size(batch, 1, h_q, split_b=3)
     q, cache, idx, _ = _case(b, 1, h_q, 300, 64, fmt)
-    _check(q, cache, idx, fmt)
+    _check(q, cache, idx, fmt, batch=batch)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("splits", ["1", "auto"])
-def test_all_invalid(fmt, splits, monkeypatch):
-    if splits != "auto":
-        monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", splits)
-    q, cache, idx, poisoned = _case(3, 2, 16, 200, 64, fmt)
+@pytest.mark.parametrize("batch", BATCHES)
+def test_all_invalid(fmt, batch):
+    b = batch_size(batch, 2, 16, split_b=3)
+    q, cache, idx, poisoned = _case(b, 2, 16, 200, 64, fmt)
     num_slots = cache.shape[0] * cache.shape[1]
     idx[1] = -1
     idx[2, 0] = num_slots + torch.arange(200, device="cuda", dtype=torch.int32)
-    out, lse = _check(q, cache, idx, fmt)
+    out, lse = _check(q, cache, idx, fmt, batch=batch)
     assert (out[1] == 0).all() and (out[2, 0] == 0).all()
     assert (lse[1] == -math.inf).all() and (lse[2, :, 0] == -math.inf).all()
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("splits", ["1", "auto"])
-def test_topk_length_and_sink(fmt, splits, monkeypatch):
-    if splits != "auto":
-        monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", splits)
-    b, topk, h_q = 4, 2048, 16
+@pytest.mark.parametrize("batch", BATCHES)
+def test_topk_length_and_sink(fmt, batch):
+    b, topk, h_q = batch_size(batch, 2, 16, split_b=4), 2048, 16
     q, cache, idx, poisoned = _case(b, 2, h_q, topk, 64, fmt)
-    topk_length = torch.tensor([2048, 1000, 0, 65], dtype=torch.int32, device="cuda")
+    topk_length = torch.randint(0, topk + 1, (b,), dtype=torch.int32, device="cuda")
+    topk_length[:4] = torch.tensor([2048, 1000, 0, 65], dtype=torch.int32, device="cuda")
     # Entries past topk_length point at NaN rows: they must not be read.
     for i in range(b):
         n = int(topk_length[i])
@@ -90,7 +131,7 @@ def test_topk_length_and_sink(fmt, splits, monkeypatch):
     sink = torch.randn(h_q, device="cuda")
     sink[3] = math.inf
     sink[5] = -math.inf
-    out, lse = _check(q, cache, idx, fmt, topk_length, sink)
+    out, lse = _check(q, cache, idx, fmt, topk_length, sink, batch=batch)
     assert (out[:, :, 3] == 0).all()
     assert (out[2] == 0).all() and (lse[2] == -math.inf).all()
 
@@ -104,12 +145,10 @@ def test_h16_reads_same_rows_as_h64():
     assert_close(lse16, lse64[:, :16], cos_tol=1e-7, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize(
-    "h_q", [16, "16-copy0", "16-dequant", "16-cpasync", 32, 64, "64-portable", 128, "128-portable", "128-pvdequant", "128-cpasync"]
-)
+@pytest.mark.parametrize("h_q", [16, "16-portable", 32, 64, "64-portable", 128, "128-portable"])
 @pytest.mark.parametrize("q_exp", [-30, 0, 20])
-@pytest.mark.parametrize("splits", ["1", "3"])
-def test_fp8_ds_mla_scale_spread_and_q_magnitudes(h_q, q_exp, splits, monkeypatch):
+@pytest.mark.parametrize("batch", BATCHES)
+def test_fp8_ds_mla_scale_spread_and_q_magnitudes(h_q, q_exp, batch, request):
     """The fp8_ds_mla kernel keeps the fp32 tile scales out of its fp16 operands (scores: partial
     sums times the scale; values: P' = P scale / R with R the running max |scale| of the tile)
     and normalises each q row by a power of two into fp16. Stress both: scales spread over 2^16
@@ -118,20 +157,15 @@ def test_fp8_ds_mla_scale_spread_and_q_magnitudes(h_q, q_exp, splits, monkeypatc
     without the normalisation), one row all zero. softmax_scale * 2^-q_exp keeps the scores
     O(100), so the softmax is well conditioned and fp32 rounding of the scores cannot move the
     weights by more than ~0.5%. Compared row by row relative to the row's largest output (a row's
-    output is dominated by its large-scale keys), with the tolerances of the bf16 cache."""
-    monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", splits)
-    if h_q == "16-dequant":
-        monkeypatch.setenv("MLA_EXT_SPARSE_FP8_DEQUANT", "1")
-        h_q = 16
-    elif h_q == "16-copy0":  # sm90: the bulk copies issued by the compute warps (default: 4 copy warps)
-        monkeypatch.setenv("MLA_EXT_SPARSE_COPY_WARPS", "0")
-        h_q = 16
-    elif isinstance(h_q, str):  # "64-portable": the mma.sync kernel where sm90 runs the wgmma one, etc.
-        h_q, path = h_q.split("-")
-        h_q = int(h_q)
-        _select_64_head_path(path, monkeypatch)
-    b, s_q, topk, bs = 2, 2, 700, 64
-    num_blocks = 30
+    output is dominated by its large-scale keys), with the tolerances of the bf16 cache. "-portable":
+    the portable kernels forced (16 heads: cp.async gathers; 64-head tiles: mma.sync, V from the
+    staging rows) where sm90 runs the bulk-copy and wgmma kernels."""
+    if isinstance(h_q, str):
+        h_q = int(h_q.split("-")[0])
+        use_path(request, "portable")
+    s_q, topk, bs = 2, 700, 64
+    b = batch_size(batch, s_q, h_q)
+    num_blocks = max(30, b * 12)
     cache, good, _ = make_cache(num_blocks, bs, "fp8_ds_mla", "cuda", poison_frac=0.1)
     flat = cache.view(num_blocks * bs, -1)
     scales = flat[:, DS_MLA_SCALE_OFFSET:DS_MLA_ROPE_OFFSET].contiguous().view(torch.float32)
@@ -144,6 +178,7 @@ def test_fp8_ds_mla_scale_spread_and_q_magnitudes(h_q, q_exp, splits, monkeypatc
     q = (torch.randn(b, s_q, h_q, 576, device="cuda") * torch.pow(2.0, row_exp)).to(torch.bfloat16)
     q[0, 0, h_q // 2] = 0
     softmax_scale = SOFTMAX_SCALE * 2.0**-q_exp
+    assert (num_splits(b, s_q, h_q, topk) > 1) == (batch == "split")
     out, lse = mla_ext.sparse_decode_mla(q, cache, idx, softmax_scale, "fp8_ds_mla")
     ref_out, ref_lse = reference.sparse_decode_mla(q, cache, idx, softmax_scale, "fp8_ds_mla")
     row_max = ref_out.float().abs().amax(-1, keepdim=True).clamp(min=1e-30)
@@ -225,164 +260,122 @@ def test_small_for_sanitizer(fmt):
     _check(q, cache, idx, fmt, tl, torch.randn(20, device="cuda"))
 
 
-@pytest.mark.parametrize("path", ["default", "copy0", "cpasync", "dequant"])
+@pytest.mark.parametrize("path", ["default", "portable"])
 @pytest.mark.parametrize("h_q", [1, 16])
-@pytest.mark.parametrize("splits", ["1", "3"])
-def test_small_fp8_16_head_paths(path, h_q, splits, monkeypatch):
-    """The fp8_ds_mla kernels for 16-head tiles: the default reads e4m3 fragments from the staging
-    rows, gathered by 4 copy warps (sm90: one bulk copy per row; portable: 16-byte cp.async) ("copy0",
-    MLA_EXT_SPARSE_COPY_WARPS=0: by the compute warps; "cpasync", MLA_EXT_SPARSE_SM90=cpasync: the
-    portable kernel on sm90); MLA_EXT_SPARSE_FP8_DEQUANT=1 dequantises into an fp16 tile. Every
-    kind of invalid entry, topk_length, attn_sink, page padding; small enough for compute-sanitizer
-    (with MLA_EXT_FORCE_PORTABLE=1 every path but "dequant" is a portable e4m3-fragment kernel)."""
-    if path == "dequant":
-        monkeypatch.setenv("MLA_EXT_SPARSE_FP8_DEQUANT", "1")
-    elif path == "cpasync":
-        monkeypatch.setenv("MLA_EXT_SPARSE_SM90", "cpasync")
-    elif path == "copy0":
-        monkeypatch.setenv("MLA_EXT_SPARSE_COPY_WARPS", "0")
-    monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", splits)
-    q, cache, idx, _ = _case(2, 2, h_q, 333, 61, "fp8_ds_mla", pad_pages=True)
-    tl = torch.tensor([333, 140], dtype=torch.int32, device="cuda")
-    _check(q, cache, idx, "fp8_ds_mla", tl, torch.randn(h_q, device="cuda"))
-
-
-@pytest.mark.parametrize("path", ["default", "copy0"])
-def test_small_fp8_16_head_paths_long_list(path, monkeypatch):
-    """One CTA per query token over 11-13 tiles (topk 801, no split): every staging buffer is
-    refilled at least twice, so on sm90 both of the copy warps' release barriers and both mbarrier
-    parities are used more than once (the small cases above have at most 6 tiles per CTA); small
+@pytest.mark.parametrize("batch", BATCHES)
+def test_small_fp8_16_head_kernels(path, h_q, batch, request):
+    """The fp8_ds_mla kernels for 16-head tiles: MMA fragments read from the e4m3 staging rows,
+    gathered by 4 copy warps (sm90: one bulk copy per row; "portable": 16-byte cp.async). Every
+    kind of invalid entry, topk_length, attn_sink, page padding, split and whole lists; small
     enough for compute-sanitizer."""
-    if path == "copy0":
-        monkeypatch.setenv("MLA_EXT_SPARSE_COPY_WARPS", "0")
-    monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", "1")
-    q, cache, idx, _ = _case(2, 1, 16, 801, 61, "fp8_ds_mla", pad_pages=True)
-    tl = torch.tensor([801, 700], dtype=torch.int32, device="cuda")
+    use_path(request, path)
+    b = batch_size(batch, 2, h_q)
+    assert (num_splits(b, 2, h_q, 333) > 1) == (batch == "split")
+    q, cache, idx, _ = _case(b, 2, h_q, 333, 61, "fp8_ds_mla", pad_pages=True)
+    _check(q, cache, idx, "fp8_ds_mla", _topk_length(b, 333), torch.randn(h_q, device="cuda"))
+
+
+@pytest.mark.parametrize("path", ["default", "portable"])
+def test_small_fp8_16_head_long_list(path, request):
+    """One CTA per query token over 11-13 tiles (topk 801, a batch too large to split): every staging
+    buffer is refilled at least twice, so the copy warps' release barriers and both mbarrier parities
+    are used more than once; small enough for compute-sanitizer."""
+    use_path(request, path)
+    b = batch_size("whole", 1, 16)
+    assert num_splits(b, 1, 16, 801) == 1
+    q, cache, idx, _ = _case(b, 1, 16, 801, 61, "fp8_ds_mla", pad_pages=True)
+    tl = torch.randint(700, 802, (b,), dtype=torch.int32, device="cuda")
     _check(q, cache, idx, "fp8_ds_mla", tl, torch.randn(16, device="cuda"))
 
 
-def _sparse_kernels_run(fn):
-    """Names of the sparse-decode kernels one call of fn launches (torch profiler)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return {e.name for e in prof.events() if "sparse_decode" in e.name}
-
-
-@pytest.mark.parametrize("h_q", [16, 64])
-def test_sm90_gather_env_selects_kernel(h_q, monkeypatch):
-    """On sm90 the fp8_ds_mla kernels gather rows with bulk copies, MLA_EXT_SPARSE_SM90=cpasync with
-    16-byte cp.async: different kernels, so the paths the other tests name are the ones that run."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the bulk-copy gather is the sm90 path")
-    q, cache, idx, _ = _case(2, 1, h_q, 200, 64, "fp8_ds_mla")
-    call = lambda: mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, "fp8_ds_mla")  # noqa: E731
-    bulk = _sparse_kernels_run(call)
-    monkeypatch.setenv("MLA_EXT_SPARSE_SM90", "cpasync")
-    cpasync = _sparse_kernels_run(call)
-    assert len(bulk) == 1 and len(cpasync) == 1 and bulk != cpasync, (bulk, cpasync)
-
-
-def _assert_env_switches_kernel(h_q, var, other, bad, monkeypatch):
-    """One fp8_ds_mla call with h_q heads launches one sparse kernel, `var`=`other` a different one
-    (so the tests that name that path run what they name), and `var`=`bad` is refused with a message."""
-    q, cache, idx, _ = _case(2, 1, h_q, 200, 64, "fp8_ds_mla")
-    call = lambda: mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, "fp8_ds_mla")  # noqa: E731
-    default = _sparse_kernels_run(call)
-    monkeypatch.setenv(var, other)
-    switched = _sparse_kernels_run(call)
-    assert len(default) == 1 and len(switched) == 1 and default != switched, (default, switched)
-    monkeypatch.setenv(var, bad)
-    with pytest.raises(RuntimeError, match=f"{var} must be"):
-        call()
-
-
-def test_sm90_copy_warps_env_selects_kernel(monkeypatch):
-    """On sm90 the fp8_ds_mla 16-head kernel's bulk copies are issued by 4 copy warps,
-    MLA_EXT_SPARSE_COPY_WARPS=0 by the compute warps: different kernels (so "copy0" tests what it
-    names); any other value is refused with a message."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the copy warps are the sm90 16-head kernel's")
-    for var in ("MLA_EXT_SPARSE_COPY_WARPS", "MLA_EXT_SPARSE_SM90", "MLA_EXT_FORCE_PORTABLE", "MLA_EXT_SPARSE_FP8_DEQUANT"):
-        monkeypatch.delenv(var, raising=False)
-    _assert_env_switches_kernel(16, "MLA_EXT_SPARSE_COPY_WARPS", "0", "2", monkeypatch)
-
-
-def test_portable_copy_warps_env_selects_kernel(monkeypatch):
-    """The portable fp8_ds_mla 16-head kernel gathers with 4 copy warps (cp.async, completion on an
-    mbarrier) by default, MLA_EXT_SPARSE_COPY_WARPS=0 with the compute warps: different kernels (so
-    the "copy0" tests under MLA_EXT_FORCE_PORTABLE=1 test what they name); other values are refused."""
-    for var in ("MLA_EXT_SPARSE_COPY_WARPS", "MLA_EXT_SPARSE_ROW_THREADS", "MLA_EXT_SPARSE_FP8_DEQUANT"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
-    _assert_env_switches_kernel(16, "MLA_EXT_SPARSE_COPY_WARPS", "0", "2", monkeypatch)
-
-
-def test_pv_raw_env_selects_kernel(monkeypatch):
-    """The portable fp8_ds_mla 64-head kernel reads V from the staging rows by default and
-    MLA_EXT_SPARSE_PV_RAW=0 selects the dequantising one: different kernels (so "pvdequant" tests
-    what it names); any other value is refused with a message."""
-    if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 232320:
-        pytest.skip("the kernel that reads V from the staging rows needs 232320 bytes of shared memory")
-    for var in ("MLA_EXT_SPARSE_PV_RAW", "MLA_EXT_SPARSE_ROW_THREADS"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
-    _assert_env_switches_kernel(64, "MLA_EXT_SPARSE_PV_RAW", "0", "yes", monkeypatch)
-
-
-def _select_64_head_path(path, monkeypatch):
-    """fp8_ds_mla on sm90: "default" (64-head tiles: the wgmma kernel; 16-head tiles: the e4m3-
-    fragment kernel; rows gathered by bulk copies), "cpasync" (the same kernels gathering with
-    16-byte cp.async, MLA_EXT_SPARSE_SM90=cpasync), "portable" (the mma.sync kernels,
-    MLA_EXT_FORCE_PORTABLE=1; 64-head tiles: V read from the staging rows, the next tile dequantised
-    during PV), or "pvdequant" (the portable 64-head kernel that dequantises each tile before its
-    QK^T, MLA_EXT_SPARSE_PV_RAW=0). Other GPUs run the portable kernels for all of them."""
-    if path in ("portable", "pvdequant"):
-        monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
-        if path == "pvdequant":
-            monkeypatch.setenv("MLA_EXT_SPARSE_PV_RAW", "0")
-    elif path != "default":
-        monkeypatch.setenv("MLA_EXT_SPARSE_SM90", path)
-
-
-@pytest.mark.parametrize("path", ["default", "cpasync", "portable", "pvdequant"])
-@pytest.mark.parametrize("h_q, b", [(64, 2), (128, 2), (40, 3), (128, 70)])
-@pytest.mark.parametrize("splits", ["1", "3"])
-def test_small_fp8_64_head_paths(path, h_q, b, splits, monkeypatch):
-    """fp8_ds_mla 64-head tiles: on sm90 the default is the wgmma kernel
-    (csrc/sparse/sm90/sparse_decode_sm90_fp8.cu; its cp.async gather by MLA_EXT_SPARSE_SM90=cpasync),
-    MLA_EXT_FORCE_PORTABLE=1 the mma.sync one (MLA_EXT_SPARSE_PV_RAW=0: its dequantising variant).
-    Fresh random data, NaN in unused slots and page padding, odd topk, -1 / out-of-range /
-    duplicate indices, topk_length (one row cut inside a tile, one at 0), attn_sink with +-inf;
-    h_q 40 leaves 24 rows of the tile unused; b 70 x 2 tiles fills the GPU without splits."""
-    _select_64_head_path(path, monkeypatch)
-    monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", splits)
+@pytest.mark.parametrize("path", ["default", "portable"])
+@pytest.mark.parametrize("h_q", [64, 128, 40])
+@pytest.mark.parametrize("batch", BATCHES)
+def test_small_fp8_64_head_kernels(path, h_q, batch, request):
+    """fp8_ds_mla 64-head tiles: on sm90 the wgmma kernel (csrc/sparse/sm90/sparse_decode_sm90_fp8.cu),
+    forced portable the mma.sync one that reads V from the staging rows. Fresh random data, NaN in
+    unused slots and page padding, odd topk, -1 / out-of-range / duplicate indices, topk_length (one
+    row cut inside a tile, one at 0), attn_sink with +-inf; h_q 40 leaves 24 rows of the tile
+    unused; split lists and whole ones (a batch that fills the GPU)."""
+    use_path(request, path)
+    b = batch_size(batch, 2, h_q, split_b=3 if h_q == 40 else 2)
+    assert (num_splits(b, 2, h_q, 333) > 1) == (batch == "split")
     q, cache, idx, _ = _case(b, 2, h_q, 333, 61, "fp8_ds_mla", pad_pages=True)
-    tl = torch.randint(1, 334, (b,), dtype=torch.int32, device="cuda")
-    tl[0], tl[-1] = 333, 0
-    if b > 2:
-        tl[1] = 131
+    tl = _topk_length(b, 333)
+    tl[-1] = 0
     sink = torch.randn(h_q, device="cuda")
     sink[1], sink[h_q - 1] = math.inf, -math.inf
     out, lse = _check(q, cache, idx, "fp8_ds_mla", tl, sink)
     assert (out[-1] == 0).all() and (lse[-1] == -math.inf).all() and (out[:, :, 1] == 0).all()
 
 
-@pytest.mark.parametrize("path", ["default", "cpasync", "portable", "pvdequant"])
-@pytest.mark.parametrize("h_q", [16, "16-copy0", 64, 128])
-def test_fp8_rising_scores(path, h_q, monkeypatch):
+@pytest.mark.parametrize("h_q", [16, 64])
+@pytest.mark.parametrize("batch", BATCHES)
+def test_small_bf16_kernels(h_q, batch):
+    """The bf16-cache kernels for 16- and 64-head tiles (2-stage pipelines, 8 threads per gathered
+    row; the same on every path), with every kind of invalid entry and padded pages; small enough for
+    compute-sanitizer. (32-head tiles: test_small_for_sanitizer.)"""
+    b = batch_size(batch, 2, h_q)
+    assert (num_splits(b, 2, h_q, 333) > 1) == (batch == "split")
+    q, cache, idx, _ = _case(b, 2, h_q, 333, 61, "auto", pad_pages=True)
+    _check(q, cache, idx, "auto", _topk_length(b, 333), torch.randn(h_q, device="cuda"))
+
+
+def _portable_config(tile, fmt, stages, e4m3_frags=False, row_threads=8, bulk_rows=False, copy_warps=0, pv_raw=False):
+    """csrc/sparse/portable/sparse_decode_portable.cuh's PortableConfig, as the kernel's name shows it."""
+    return "PortableConfig", (tile, CACHE_FORMAT[fmt], stages, e4m3_frags, row_threads, bulk_rows, copy_warps, pv_raw)
+
+
+_SM90_FP8 = ("sparse_decode_sm90_fp8_kernel", None)
+_M16_BULK = _portable_config(16, "fp8_ds_mla", 4, True, 8, True, 4)
+_M16_FRAGS = _portable_config(16, "fp8_ds_mla", 4, True, 16, False, 4)
+_M64_PV_RAW = _portable_config(64, "fp8_ds_mla", 2, False, 16, False, 0, True)
+# (format, h_q) -> (kernel on sm90 unforced, kernel forced portable)
+SPARSE_KERNELS = {
+    ("fp8_ds_mla", 1): (_M16_BULK, _M16_FRAGS),
+    ("fp8_ds_mla", 16): (_M16_BULK, _M16_FRAGS),
+    ("fp8_ds_mla", 20): (_portable_config(32, "fp8_ds_mla", 2),) * 2,
+    ("fp8_ds_mla", 40): (_SM90_FP8, _M64_PV_RAW),
+    ("fp8_ds_mla", 64): (_SM90_FP8, _M64_PV_RAW),
+    ("fp8_ds_mla", 128): (_SM90_FP8, _M64_PV_RAW),
+    ("auto", 1): (_portable_config(16, "auto", 2),) * 2,
+    ("auto", 16): (_portable_config(16, "auto", 2),) * 2,
+    ("auto", 32): (_portable_config(32, "auto", 2),) * 2,
+    ("auto", 36): (_portable_config(64, "auto", 2),) * 2,
+    ("auto", 128): (_portable_config(64, "auto", 2),) * 2,
+}
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("path", ["arch", "portable"])
+@pytest.mark.parametrize("fmt,h_q", SPARSE_KERNELS.keys(), ids=[f"{f}_h{h}" for f, h in SPARSE_KERNELS])
+def test_sparse_dispatch(fmt, h_q, path, batch, request):
+    """Each head count and format runs the kernel sparse_decode.cu names for it (on sm90 unforced and
+    forced portable), the split combine exactly when the batch is small enough to split, and
+    matches the reference (topk_length, attn_sink, padded pages of 61 rows)."""
+    if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 232320:
+        pytest.skip("the expected kernels are those of GPUs with an H200's shared memory per block")
+    use_path(request, path)
+    b = batch_size(batch, 2, h_q)
+    q, cache, idx, _ = _case(b, 2, h_q, 333, 61, fmt, pad_pages=True)
+    tl, sink = _topk_length(b, 333), torch.randn(h_q, device="cuda")
+    call = lambda: mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt, tl, sink)  # noqa: E731
+    (out, lse), names = launched_kernels(call, "")
+    decode = [n for n in names if "sparse_decode" in n]
+    want = SPARSE_KERNELS[fmt, h_q][0 if path == "arch" and is_sm90() else 1]
+    assert len(decode) == 1 and kernel_is(decode[0], *want), (names, want)
+    _assert_split_path(q, idx, batch, [n for n in names if "split_combine_kernel" in n])
+    _compare(q, cache, idx, fmt, tl, sink, out, lse)
+
+
+@pytest.mark.parametrize("path", ["default", "portable"])
+@pytest.mark.parametrize("h_q", [16, 64, 128])
+def test_fp8_rising_scores(path, h_q, request):
     """Scores that rise along the top-k list (rows c_k u + noise, q ~ u, indices in order), by ~2
     (log2 units) per 64-key tile and once by ~28: the running maximum moves on every tile (O is
-    rescaled every tile), and the tile scales grow with c_k (the scale reference R moves too).
-    h_q 16 runs the 16-head kernels (sm90 default: bulk copies from copy warps; "16-copy0": from the
-    compute warps)."""
-    if path == "pvdequant" and h_q in (16, "16-copy0"):
-        pytest.skip("MLA_EXT_SPARSE_PV_RAW selects between 64-head kernels only")
-    _select_64_head_path(path, monkeypatch)
-    if h_q == "16-copy0":
-        monkeypatch.setenv("MLA_EXT_SPARSE_COPY_WARPS", "0")
-        h_q = 16
-    monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", "1")
+    rescaled every tile), and the tile scales grow with c_k (the scale reference R moves too). A
+    batch of such queries large enough that each list runs whole in one CTA."""
+    use_path(request, path)
     topk, bs = 2048, 64
     u = torch.randn(576, device="cuda")
     c = torch.linspace(0.2, 3.0, topk, device="cuda")
@@ -390,8 +383,10 @@ def test_fp8_rising_scores(path, h_q, monkeypatch):
     kv = (c[:, None] * u[None, :] + 0.05 * torch.randn(topk, 576, device="cuda")).to(torch.bfloat16)
     rows = reference.quantize_cache_rows(kv[:, :512], kv[:, 512:], "fp8_ds_mla")
     cache = rows.view(topk // bs, bs, -1).contiguous()
-    q = (u[None, :] + 0.3 * torch.randn(h_q, 576, device="cuda")).to(torch.bfloat16).view(1, 1, h_q, 576)
-    idx = torch.arange(topk, dtype=torch.int32, device="cuda").view(1, 1, topk)
+    b = batch_size("whole", 1, h_q)
+    q = (u + 0.3 * torch.randn(b, 1, h_q, 576, device="cuda")).to(torch.bfloat16)
+    idx = torch.arange(topk, dtype=torch.int32, device="cuda").view(1, 1, topk).expand(b, 1, topk).contiguous()
+    assert num_splits(b, 1, h_q, topk) == 1
     scale = 40.0 / (576 * float((u * u).mean()) * 3.0)  # scores span ~0..65 (natural log units)
     out, lse = mla_ext.sparse_decode_mla(q, cache, idx, scale, "fp8_ds_mla")
     ref_out, ref_lse = reference.sparse_decode_mla(q, cache, idx, scale, "fp8_ds_mla")
@@ -399,20 +394,19 @@ def test_fp8_rising_scores(path, h_q, monkeypatch):
     assert_close(lse, ref_lse, cos_tol=1e-7, atol=5e-4, rtol=1e-4, name="lse vs fp32 spec")
 
 
-@pytest.mark.parametrize("path", ["default", "cpasync", "portable", "pvdequant"])
+@pytest.mark.parametrize("path", ["default", "portable"])
 @pytest.mark.parametrize("h_q", [16, 128])
-def test_fp8_huge_scores(path, h_q, monkeypatch):
+@pytest.mark.parametrize("batch", BATCHES)
+def test_fp8_huge_scores(path, h_q, batch, request):
     """Scores around 2^27 (softmax_scale 2^22), where an fp32 ulp is 16: every P must stay within
     fp16 (every kernel scales the scores before taking the max, so the max key's P is exactly 1; the
     lazy max of the portable 64-head kernel compares the difference of the tile max and the running
     max with its slack), and the nearly one-hot softmax must pick each row's largest score as the
-    fp32 spec does (duplicate indices included: the spec normalises by the sum of exp(s - max)).
-    Before session 12 the sm90 64-head kernel failed here (csrc/sparse/README.md, "Session 12")."""
-    if path == "pvdequant" and h_q == 16:
-        pytest.skip("MLA_EXT_SPARSE_PV_RAW selects between 64-head kernels only")
-    _select_64_head_path(path, monkeypatch)
-    monkeypatch.setenv("MLA_EXT_SPARSE_NUM_SPLITS", "1")
-    q, cache, idx, _ = _case(2, 1, h_q, 700, 64, "fp8_ds_mla")
+    fp32 spec does (duplicate indices included: the spec normalises by the sum of exp(s - max))."""
+    use_path(request, path)
+    b = batch_size(batch, 1, h_q)
+    q, cache, idx, _ = _case(b, 1, h_q, 700, 64, "fp8_ds_mla")
+    assert (num_splits(b, 1, h_q, 700) > 1) == (batch == "split")
     scale = 2.0**22
     out, lse = mla_ext.sparse_decode_mla(q, cache, idx, scale, "fp8_ds_mla")
     ref_out, ref_lse = reference.sparse_decode_mla(q, cache, idx, scale, "fp8_ds_mla")
@@ -420,39 +414,6 @@ def test_fp8_huge_scores(path, h_q, monkeypatch):
     assert torch.isfinite(out).all(), f"{int((~torch.isfinite(out)).sum())} non-finite outputs"
     assert_close(out, ref_out, cos_tol=1e-5, atol=5e-3, rtol=1e-2, name="out vs fp32 spec")
     assert_close(lse, ref_lse, cos_tol=1e-7, atol=0.0, rtol=1e-5, name="lse vs fp32 spec")
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("h_q", [16, 64])
-@pytest.mark.parametrize("rows", ["4", "8", "16"])
-def test_small_row_threads(rows, fmt, h_q, monkeypatch):
-    """The portable gathers with 4, 8 and 16 threads per row (MLA_EXT_SPARSE_ROW_THREADS; the
-    defaults are 16 for fp8_ds_mla, 8 for bf16; 4 is the dequantising kernel at 64 heads) against
-    the reference, with every kind of invalid entry and padded pages."""
-    monkeypatch.setenv("MLA_EXT_SPARSE_ROW_THREADS", rows)
-    monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
-    q, cache, idx, _ = _case(2, 2, h_q, 333, 61, fmt, pad_pages=True)
-    tl = torch.tensor([333, 140], dtype=torch.int32, device="cuda")
-    _check(q, cache, idx, fmt, tl, torch.randn(h_q, device="cuda"))
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("h_q", [16, 64])
-def test_row_threads_env_selects_kernel(fmt, h_q, monkeypatch):
-    """MLA_EXT_SPARSE_ROW_THREADS names the portable gather that runs: the value that is not the
-    default (8 for fp8_ds_mla, 16 for bf16) launches a different kernel, so test_small_row_threads
-    tests what it names."""
-    for var in ("MLA_EXT_SPARSE_PV_RAW", "MLA_EXT_SPARSE_ROW_THREADS", "MLA_EXT_SPARSE_FP8_DEQUANT"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("MLA_EXT_FORCE_PORTABLE", "1")
-    if fmt == "fp8_ds_mla" and h_q == 64 and torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 232320:
-        pytest.skip("the 64-head fp8_ds_mla kernel with a choice of gathers needs 232320 bytes of shared memory")
-    q, cache, idx, _ = _case(2, 1, h_q, 200, 64, fmt)
-    call = lambda: mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt)  # noqa: E731
-    default = _sparse_kernels_run(call)
-    monkeypatch.setenv("MLA_EXT_SPARSE_ROW_THREADS", "8" if fmt == "fp8_ds_mla" else "16")
-    other = _sparse_kernels_run(call)
-    assert len(default) == 1 and len(other) == 1 and default != other, (default, other)
 
 
 # ---- review fixes: padding tokens, int32 limits, empty caches, alignment, checked mode ----------
