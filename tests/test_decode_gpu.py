@@ -465,10 +465,15 @@ def _dispatch_cases() -> list[DispatchCase]:
         add(f"{fmt}_fp16_bs64", fmt, 64, raw16, dtype=_FP16)
         add(f"{fmt}_fp16_bs16_rowpad", fmt, 16, rows16, dtype=_FP16, row_pad=16)
         add(f"{fmt}_fp16_bs61_pagepad", fmt, 61, rows16, dtype=_FP16, page_pad=3)
-    # 17-32 rows: the portable 32-row kernel everywhere.
+    # 17-32 rows: on sm90 the 64-row kernels below (one tile, rows padded); the portable 32-row kernel
+    # when forced.
     for fmt in FORMATS:
-        add(f"{fmt}_s2_h16_bs16", fmt, 16, _portable(_BF16, fmt, 32), s_q=2)
-        add(f"{fmt}_fp16_h20_bs61", fmt, 61, _portable(_FP16, fmt, 32), h_q=20, dtype=_FP16, page_pad=3)
+        arch16 = _pairs(_BF16, True) if fmt == "auto" else _wgmma(_BF16, fmt)
+        add(f"{fmt}_s2_h16_bs16", fmt, 16, arch16, _portable(_BF16, fmt, 32), s_q=2)
+        add(f"{fmt}_fp16_h20_bs61", fmt, 61, _wgmma(_FP16, fmt), _portable(_FP16, fmt, 32), h_q=20, dtype=_FP16,
+            page_pad=3)
+        add(f"{fmt}_h32_bs64", fmt, 64, _pairs(_BF16, False) if fmt == "auto" else _wgmma(_BF16, fmt),
+            _portable(_BF16, fmt, 32), h_q=32)
     # > 32 rows. sm90, 16-bit cache: the tile-pairs kernel where the tensor map builds (page boxes
     # for block sizes 8, 16, 32), else decode_split_wgmma.cu; fp8 caches: decode_split_wgmma.cu
     # (fp16 q too). Forced portable: the portable 64-row kernel.

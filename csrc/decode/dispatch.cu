@@ -8,10 +8,13 @@
 //                                       TMA tiles where the tensor map        by bulk copies where rows are
 //                                       builds, else cp.async rows            packed and block_size % 16 == 0,
 //                                                                             else row copies
-//   32 (17-32 rows)   every format      portable::decode_split<32>            the same
+//   32 (17-32 rows)   every format      as 64 rows (one tile, padded)         portable::decode_split<32>
 //   64 (> 32 rows)    auto              hopper::wgmma_pairs where the tensor  portable::decode_split<64>
 //                                       map builds, else hopper::wgmma
 //                     fp8, fp8_ds_mla   hopper::wgmma (fp16 q too)            portable::decode_split<64>
+// (17-32 rows on sm90: the 64-row wgmma kernels with the rows padded, as FlashMLA pads every head
+// count to 64, run at the time of 64 rows, ~0.77x of the portable 32-row kernel's on the H200; the
+// m-block count, hence the plan, is the same either way.)
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
@@ -101,7 +104,8 @@ void run_split(DecodeParams& p, bool sm90) {
           if constexpr (kFormat == CacheFormat::kAuto) return portable::launch_decode_split<scalar_t, kFormat, 16>(p);
           else return launch_fp8_16_rows<scalar_t, kFormat>(p, sm90);
         case 32:
-          return portable::launch_decode_split<scalar_t, kFormat, 32>(p);
+          if (!sm90) return portable::launch_decode_split<scalar_t, kFormat, 32>(p);
+          [[fallthrough]];
         case 64:
           if (!sm90) return portable::launch_decode_split<scalar_t, kFormat, 64>(p);
           if constexpr (kFormat == CacheFormat::kAuto) {
