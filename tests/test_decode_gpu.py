@@ -155,13 +155,25 @@ def test_one_long_many_short():
     check(inp, causal=True)
 
 
-def test_plan_matches_reference():
-    for b in (1, 7, 128, 1000):
-        lens = torch.randint(0, 70000 if b < 10 else 5000, (b,), dtype=torch.int32)
-        for s_q, h_q in ((1, 16), (2, 128), (16, 128)):
-            sched, info = mla_ext.get_decode_plan(lens.cuda(), s_q, h_q, "auto", num_sms=132)
-            ref_sched, ref_info = reference.decode_plan(lens, s_q, h_q, 132)
-            assert torch.equal(sched.cpu(), ref_sched) and torch.equal(info.cpu(), ref_info), (b, s_q, h_q)
+@pytest.mark.parametrize("kind", ["uniform", "skewed", "zeros", "tiny"])
+def test_plan_matches_reference(kind):
+    """The GPU planner gives the reference's plan exactly: one chunk (b <= 4096) and several
+    (4097: two, 65535: sixteen), one long request among short ones, all-zero lengths, and fewer
+    cost units than parts (empty parts)."""
+    for b in (1, 7, 128, 256, 1000, 4097, 65535):
+        if kind == "uniform":
+            lens = torch.randint(0, 70000 if b < 10 else 5000, (b,), dtype=torch.int32)
+        elif kind == "skewed":
+            lens = torch.randint(1, 300, (b,), dtype=torch.int32)
+            lens[b // 2] = 2**31 - 1
+        elif kind == "zeros":
+            lens = torch.zeros(b, dtype=torch.int32)
+        else:
+            lens = torch.randint(-2, 3, (b,), dtype=torch.int32)
+        for s_q, h_q, num_sms in ((1, 16, 132), (2, 128, 132), (16, 128, 132), (1, 16, 4096)):
+            sched, info = mla_ext.get_decode_plan(lens.cuda(), s_q, h_q, "auto", num_sms=num_sms)
+            ref_sched, ref_info = reference.decode_plan(lens, s_q, h_q, num_sms)
+            assert torch.equal(sched.cpu(), ref_sched) and torch.equal(info.cpu(), ref_info), (b, s_q, h_q, num_sms)
 
 
 @pytest.mark.parametrize("h_q,block_size,fmt", [(16, 16, "auto"), (128, 64, "auto"), (128, 16, "auto"), (128, 61, "auto"),

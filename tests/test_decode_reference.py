@@ -138,6 +138,87 @@ def test_plan_covers_every_tile_once(num_sms, lens, s_q, h_q):
     assert total_partials <= num_parts + min(len(lens), num_parts)  # decode::max_partials_for
 
 
+def _check_plan_invariants(lens, s_q, h_q, num_sms):
+    """Every tile covered exactly once; split indices 0..n-1 per request and partial slots in
+    request order; the split list; at most max_partials slots; no empty piece of a split request;
+    each part's cost (its tiles plus the overhead of the requests it starts) within one request's
+    overhead and one tile of the even share."""
+    sched, info = reference.decode_plan(torch.tensor(lens, dtype=torch.int32), s_q, h_q, num_sms)
+    num_parts = reference.decode_num_parts(num_sms, s_q, h_q)
+    assert sched.shape == (num_parts, reference.DECODE_SCHEDULE_FIELDS) and info.shape == (len(lens), 2)
+    tiles = [(max(n, 0) + 63) // 64 for n in lens]
+    covered = [[] for _ in lens]  # (first tile, end tile) of each piece
+    pieces = [[] for _ in lens]
+    overhead = reference.DECODE_PLAN_OVERHEAD
+    total = sum(tiles) + overhead * len(lens)
+    share = -(-total // min(num_parts, total))
+    for begin_req, begin_tile, end_req, end_tile, begin_split, _, zero6, zero7 in sched.tolist():
+        assert zero6 == 0 and zero7 == 0
+        cost = 0
+        for r in range(begin_req, end_req + 1):
+            t0 = begin_tile if r == begin_req else 0
+            t1 = end_tile if r == end_req else tiles[r]
+            assert t1 > t0 or tiles[r] == 0, "a piece of a split request is never empty"
+            pieces[r].append(begin_split if r == begin_req else 0)
+            cost += t1 - t0 + (overhead if t0 == 0 else 0)
+            covered[r].append((t0, t1))
+        assert cost <= share + overhead, (cost, share)
+    for r, spans in enumerate(covered):  # every tile exactly once: the pieces tile [0, tiles[r])
+        spans.sort()
+        assert spans and spans[0][0] == 0 and spans[-1][1] == tiles[r], (r, spans)
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), (r, spans)
+    split_reqs = [r for r in range(len(lens)) if int(info[r, 0]) > 1]
+    assert sched[:, 5].tolist() == split_reqs + [-1] * (num_parts - len(split_reqs))
+    slots = 0
+    for r, p in enumerate(pieces):
+        assert sorted(p) == list(range(len(p))) and int(info[r, 0]) == len(p)
+        assert int(info[r, 1]) == (slots if len(p) > 1 else -1)
+        slots += len(p) if len(p) > 1 else 0
+    assert slots <= reference.decode_max_partials(num_parts, len(lens))
+
+
+@pytest.mark.parametrize("kind", ["uniform", "skewed", "zeros", "mixed", "tiny", "huge"])
+@pytest.mark.parametrize("b", [1, 3, 64, 256, 1000])
+def test_plan_invariants_random(kind, b):
+    g = torch.Generator().manual_seed(b * 7 + len(kind))
+    if kind == "uniform":
+        lens = torch.randint(0, 8192, (b,), generator=g).tolist()
+    elif kind == "skewed":  # one long request among short ones (ThunderMLA's imbalanced batches)
+        lens = torch.randint(1, 300, (b,), generator=g).tolist()
+        lens[int(torch.randint(b, (1,), generator=g))] = 200_000
+    elif kind == "zeros":
+        lens = [0] * b
+    elif kind == "mixed":  # zeros, negatives (treated as 0), tile edges
+        choices = [0, -3, 1, 63, 64, 65, 4097]
+        lens = [choices[int(i)] for i in torch.randint(len(choices), (b,), generator=g)]
+    elif kind == "tiny":  # fewer cost units than parts: empty parts at the end
+        lens = torch.randint(0, 3, (b,), generator=g).tolist()
+    else:  # near int32: cost sums past int32
+        lens = [2**31 - 1 - int(x) for x in torch.randint(0, 1000, (b,), generator=g)]
+    for s_q, h_q, num_sms in ((1, 16, 132), (2, 128, 132), (1, 64, 7), (1, 16, 1)):
+        _check_plan_invariants(lens, s_q, h_q, num_sms)
+
+
+def test_plan_evens_out_varied_lengths():
+    """Lengths ~N(4096, 2048) over 132 parts: every part's cost (its tiles plus the overhead of the
+    requests it starts) is the even share, give or take one request's overhead each way."""
+    g = torch.Generator().manual_seed(5)
+    lens = (torch.randn(128, generator=g) * 2048 + 4096).clamp(min=1).int()
+    sched, info = reference.decode_plan(lens, 1, 16, 132)
+    tiles = [(int(n) + 63) // 64 for n in lens]
+    overhead = reference.DECODE_PLAN_OVERHEAD
+    costs = []
+    for begin_req, begin_tile, end_req, end_tile, *_ in sched.tolist():
+        cost = 0
+        for r in range(begin_req, end_req + 1):
+            t0 = begin_tile if r == begin_req else 0
+            cost += (end_tile if r == end_req else tiles[r]) - t0 + (overhead if t0 == 0 else 0)
+        costs.append(cost)
+    total = sum(tiles) + overhead * len(tiles)
+    assert sum(costs) == total and len(costs) == 132
+    assert max(costs) <= -(-total // 132) + overhead and min(costs) >= total // 132 - overhead, costs
+
+
 def test_plan_balances_one_long_request():
     sched, info = reference.decode_plan(torch.tensor([65536], dtype=torch.int32), 1, 16, 132)
     sizes = [e - b for b, e in zip(sched[:, 1].tolist(), sched[:, 3].tolist()) if e > 0]

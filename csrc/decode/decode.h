@@ -26,7 +26,7 @@ namespace mla::decode {
 inline constexpr int kBlockN = 64;          // keys per tile: the planner's and kernels' work unit
 inline constexpr int kScheduleFields = 8;   // int32 per part, see ScheduleField
 inline constexpr int kSplitInfoFields = 2;  // int32 per request: num_splits, partial_base
-inline constexpr int kPlanOverheadTiles = 5;  // cost of one (request, part) piece beyond its tiles
+inline constexpr int kPlanOverheadTiles = 5;  // planner's cost of a request beyond its tiles, in tiles
 inline constexpr float kLn2 = 0.693147180559945309f;  // lse out = log2-domain lse * ln 2
 // 64-key tiles covering `len` keys, without the int32 overflow of (len + 63) / 64 near 2^31.
 __host__ __device__ constexpr int key_tiles(int len) { return len / kBlockN + (len % kBlockN != 0); }
@@ -54,11 +54,14 @@ struct PlanParams {
   const int32_t* __restrict__ seq_lens;  // [b] int32 (negative = 0)
   int32_t* __restrict__ schedule;        // [num_parts, kScheduleFields] int32, written
   int32_t* __restrict__ split_info;      // [b, kSplitInfoFields] int32, written
-  int b;
-  int num_parts;                         // num_parts_for(num_sms, s_q, h_q, format)
+  int b;                                 // 1 .. kPlanMaxBatch
+  int num_parts;                         // num_parts_for(num_sms, s_q, h_q, format), <= kPlanMaxParts
   cudaStream_t stream;
 };
+inline constexpr int kPlanMaxBatch = 65535;  // the split kernels' and combine's grids
+inline constexpr int kPlanMaxParts = 4096;
 
+// One small kernel (one CTA), no host sync, CUDA-graph capturable; see plan/plan.cu.
 void run_decode_plan(const PlanParams& params);
 
 struct DecodeParams {
