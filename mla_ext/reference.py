@@ -473,6 +473,14 @@ def decode_max_partials(num_parts: int, b: int) -> int:
     return num_parts + min(b, num_parts)
 
 
+def decode_workspace_shape(num_parts: int, b: int, s_q: int, h_q: int) -> tuple[int, int, int, int]:
+    """Shape of a plan's fp32 workspace, ``[max_partials, s_q, h_q, 513]``: room for partial o
+    ``[max_partials, s_q * h_q, 512]`` then partial lse ``[max_partials, s_q * h_q]`` (the split
+    kernels write them, the combine merges them); the shape records the geometry, which the
+    decode op checks."""
+    return decode_max_partials(num_parts, b), s_q, h_q, KV_LORA_RANK + 1
+
+
 def decode_plan(seq_lens: torch.Tensor, s_q: int, h_q: int, num_sms: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The split-KV schedule: ``schedule int32 [num_parts, 8]`` (``num_parts =
     decode_num_parts(num_sms, s_q, h_q)``) and ``split_info int32 [b, 2]``.

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from bad_inputs import DECODE_CASES, decode_inputs
 
 import mla_ext
 from mla_ext import reference
@@ -219,6 +220,18 @@ def test_plan_evens_out_varied_lengths():
     assert max(costs) <= -(-total // 132) + overhead and min(costs) >= total // 132 - overhead, costs
 
 
+def test_plan_workspace():
+    """get_decode_plan returns the split kernels' workspace, sized for the plan (CPU: the same size)."""
+    lens = torch.tensor([5, 700, 0], dtype=torch.int32)
+    for s_q, h_q, num_sms in ((1, 16, 132), (2, 128, 132), (16, 128, 8)):
+        plan = mla_ext.get_decode_plan(lens, s_q, h_q, num_sms=num_sms)
+        num_parts = reference.decode_num_parts(num_sms, s_q, h_q)
+        assert plan.workspace.dtype == torch.float32 and plan.workspace.is_contiguous()
+        assert plan.workspace.shape == (reference.decode_max_partials(num_parts, 3), s_q, h_q, 513)
+        sched, info = plan  # unpacks as the pair it always was
+        assert sched is plan.schedule and info is plan.split_info
+
+
 def test_plan_balances_one_long_request():
     sched, info = reference.decode_plan(torch.tensor([65536], dtype=torch.int32), 1, 16, 132)
     sizes = [e - b for b, e in zip(sched[:, 1].tolist(), sched[:, 3].tolist()) if e > 0]
@@ -244,6 +257,10 @@ def test_opcheck_cpu():
     torch.library.opcheck(torch.ops.mla_ext.decode_plan.default, (inp["seq_lens"], 1, 2, "fp8_ds_mla", 16))
     out, lse = torch.empty(2, 1, 2, 512, dtype=torch.bfloat16), torch.empty(2, 2, 1)
     torch.library.opcheck(torch.ops.mla_ext.decode_mla_out.default, args + (None, None, False, out, lse))
+    plan = mla_ext.get_decode_plan(inp["seq_lens"], 1, 2, "fp8_ds_mla", 16)
+    sched, info, workspace = plan.schedule, plan.split_info, plan.workspace
+    torch.library.opcheck(torch.ops.mla_ext.decode_mla.default, args + (sched, info, False, workspace))
+    torch.library.opcheck(torch.ops.mla_ext.decode_mla_out.default, args + (sched, info, False, out, lse, workspace))
 
 
 def test_fake_under_compile():
@@ -252,13 +269,17 @@ def test_fake_under_compile():
     @torch.compile(fullgraph=True, backend="aot_eager")
     def step(q, kv_cache, block_table, seq_lens):
         sched, info = torch.ops.mla_ext.decode_plan(seq_lens, 2, 2, "auto", 8)
+        workspace = torch.empty(reference.decode_workspace_shape(sched.shape[0], info.shape[0], 2, 2))
         out, lse = torch.ops.mla_ext.decode_mla(q, kv_cache, block_table, seq_lens, SOFTMAX_SCALE, "auto", True,
-                                                None, sched, info)
-        return out * 2, lse
+                                                None, sched, info, False, workspace)
+        # a second layer of the step reuses the plan and its workspace
+        out2, _ = torch.ops.mla_ext.decode_mla(q, kv_cache, block_table, seq_lens, SOFTMAX_SCALE, "auto", True,
+                                               None, sched, info, False, workspace)
+        return out * 2, lse, out2
 
-    out, lse = step(inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"])
+    out, lse, out2 = step(inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"])
     ref_out, ref_lse = run_reference(inp, True)
-    assert torch.equal(out, ref_out * 2) and torch.equal(lse, ref_lse)
+    assert torch.equal(out, ref_out * 2) and torch.equal(lse, ref_lse) and torch.equal(out2, ref_out)
 
 
 def _bad(inp, **changes):
@@ -267,25 +288,10 @@ def _bad(inp, **changes):
     return args
 
 
-@pytest.mark.parametrize("change,match", [
-    (lambda i: dict(q=i["q"][..., :512]), r"q must be \[b, s_q, h_q, 576\]"),
-    (lambda i: dict(q=i["q"].float()), "q must be bfloat16 or float16"),
-    (lambda i: dict(q=torch.randn(2, 17, 4, 576, dtype=torch.bfloat16)), r"s_q .* must be in \[1, 16\]"),
-    (lambda i: dict(q=i["q"].half()), "kv_cache_dtype='auto' needs a kv_cache of q's dtype"),
-    (lambda i: dict(kv_cache=i["kv_cache"][..., :512]), "rows of 576 elements"),
-    (lambda i: dict(kv_cache_dtype="fp8_ds_mla"), "kv_cache must be uint8"),
-    (lambda i: dict(kv_cache=i["kv_cache"].transpose(1, 2)), "kv_cache's last dim must be contiguous|rows of 576"),
-    (lambda i: dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.uint8), kv_cache_dtype="fp8_ds_mla"), "rows of 656 bytes"),
-    (lambda i: dict(kv_cache=torch.zeros(4, 16, 656, dtype=torch.uint8), kv_cache_dtype="fp8"), "rows of 576 bytes"),
-    (lambda i: dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.uint8), kv_cache_dtype="fp8"), "needs scale"),
-    (lambda i: dict(kv_cache_dtype="int4"), "kv_cache_dtype must be one of"),
-    (lambda i: dict(block_table=i["block_table"].long()), "block_table must be int32"),
-    (lambda i: dict(block_table=i["block_table"][:1]), r"block_table must be \[b=2"),
-    (lambda i: dict(seq_lens=i["seq_lens"].long()), "seq_lens must be int32"),
-    (lambda i: dict(seq_lens=i["seq_lens"][:1]), r"seq_lens must be \[b=2\]"),
-])
-def test_bad_input(change, match):
-    inp = make_inputs([5, 40], 2, 4, 16, "auto", device="cpu")
+@pytest.mark.parametrize("case", sorted(DECODE_CASES))
+def test_bad_input(case):
+    change, match = DECODE_CASES[case]
+    inp = decode_inputs("cpu")
     with pytest.raises(mla_ext.MlaInputError, match=match):
         run_op(_bad(inp, **change(inp)), True)
 
@@ -321,8 +327,21 @@ def test_bad_values_and_plan():
     assert sched is right.schedule and info is right.split_info
     with pytest.raises(mla_ext.MlaInputError, match=r"s_q must be in \[1, 16\]"):
         mla_ext.get_decode_plan(inp["seq_lens"], 0, 4)
-    with pytest.raises(mla_ext.MlaInputError, match="seq_lens must be int32"):
+    with pytest.raises(mla_ext.MlaInputError, match=r"seq_lens must be int32, got int64: convert once per step"):
         mla_ext.get_decode_plan(inp["seq_lens"].long(), 1, 4)
+    with pytest.raises(mla_ext.MlaInputError, match=r"seq_lens must be 1-D \[b\] with 1 <= b <= 65535"):
+        mla_ext.get_decode_plan(torch.zeros(65536, dtype=torch.int32), 1, 4)
+    # A plan's workspace too small for this call (a plan for fewer heads, passed to the op).
+    small = mla_ext.get_decode_plan(inp["seq_lens"], 1, 2, "auto")
+    # its workspace's shape records the plan's geometry: the op refuses it for h_q 4 ...
+    with pytest.raises(mla_ext.MlaInputError, match=r"plan was made for s_q=1, h_q=2 but this call has s_q=1, h_q=4"):
+        torch.ops.mla_ext.decode_mla(inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"], SOFTMAX_SCALE,
+                                     "auto", True, None, small.schedule, small.split_info, False, small.workspace)
+    # ... and a flat workspace too small for the call
+    flat = small.workspace.flatten()
+    with pytest.raises(mla_ext.MlaInputError, match="workspace must be a contiguous, 16-byte aligned float32 tensor"):
+        torch.ops.mla_ext.decode_mla(inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"], SOFTMAX_SCALE,
+                                     "auto", True, None, small.schedule, small.split_info, False, flat)
 
 
 def test_expanded_out_buffers_are_refused():

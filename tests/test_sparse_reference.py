@@ -4,10 +4,10 @@ the index builders."""
 from __future__ import annotations
 
 import math
-import re
 
 import pytest
 import torch
+from bad_inputs import SPARSE_CASES, sparse_args
 
 import mla_ext
 from mla_ext import reference
@@ -163,28 +163,12 @@ def test_compressed_indices_cpu():
                           (positions, req, table, 16, 4, 5, torch.empty_like(indices), torch.empty_like(lengths)))
 
 
-@pytest.mark.parametrize(
-    "change, message",
-    [
-        (dict(q=torch.randn(1, 1, 4, 576)), "q must be bfloat16"),
-        (dict(q=torch.randn(1, 1, 4, 512, dtype=torch.bfloat16)), "q must be [b, s_q, h_q, 576]"),
-        (dict(q=torch.randn(1, 17, 4, 576, dtype=torch.bfloat16)), "s_q must be 1..16"),
-        (dict(indices=torch.zeros(1, 1, 8, dtype=torch.int64)), "indices must be int32"),
-        (dict(indices=torch.zeros(2, 1, 8, dtype=torch.int32)), "indices must be [b, s_q, topk]"),
-        (dict(kv_cache_dtype="fp8"), "'auto' (bf16) or 'fp8_ds_mla'"),
-        (dict(kv_cache_dtype="bf16"), "kv_cache_dtype must be one of"),
-        (dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.uint8)), "needs rows of 656 bytes"),
-        (dict(topk_length=torch.zeros(3, dtype=torch.int32)), "topk_length must be int32 [b]"),
-        (dict(attn_sink=torch.zeros(4, dtype=torch.float64)), "attn_sink must be float32"),
-        (dict(attn_sink=torch.zeros(5)), "attn_sink must be float32 [h_q]"),
-    ],
-)
-def test_bad_inputs(change, message):
-    args = dict(q=torch.randn(1, 1, 4, 576, dtype=torch.bfloat16), kv_cache=torch.zeros(4, 16, 656, dtype=torch.uint8),
-                indices=torch.zeros(1, 1, 8, dtype=torch.int32), softmax_scale=0.1, kv_cache_dtype="fp8_ds_mla",
-                topk_length=None, attn_sink=None)
-    args.update(change)
-    with pytest.raises(mla_ext.MlaInputError, match=r"mla_ext\.sparse_decode_mla: .*" + re.escape(message)):
+@pytest.mark.parametrize("case", sorted(SPARSE_CASES))
+def test_bad_inputs(case):
+    change, message = SPARSE_CASES[case]
+    args = sparse_args("cpu")
+    args.update(change(args))
+    with pytest.raises(mla_ext.MlaInputError, match=r"mla_ext\.sparse_decode_mla: .*" + message):
         mla_ext.sparse_decode_mla(**args)
 
 

@@ -49,6 +49,15 @@ int num_parts_for(int num_sms, int s_q, int h_q, CacheFormat format);
 // for b requests: each part ends with at most one cut, and each split request has one more piece
 // than cuts.
 inline int64_t max_partials_for(int64_t num_parts, int64_t b) { return num_parts + (b < num_parts ? b : num_parts); }
+// The split kernels' fp32 workspace for a plan of num_parts parts, b requests and num_rows = s_q *
+// h_q query rows: partial o [max_partials, num_rows, 512], then partial lse [max_partials,
+// num_rows]. mla_ext.get_decode_plan allocates it once per step with the schedule, shaped
+// [max_partials, s_q, h_q, 513] so that the binding can check a call's geometry against it; every
+// layer's decode call of that step reuses it (they run in stream order, each combine reading it
+// before the next layer's split kernel writes it).
+inline int64_t workspace_floats(int64_t num_parts, int64_t b, int64_t num_rows) {
+  return max_partials_for(num_parts, b) * num_rows * (kKvLoraRank + 1);
+}
 
 struct PlanParams {
   const int32_t* __restrict__ seq_lens;  // [b] int32 (negative = 0)
