@@ -73,7 +73,7 @@ def sparse_decode_mla(
     kv_cache: torch.Tensor,
     indices: torch.Tensor,
     softmax_scale: float,
-    kv_cache_dtype: str = "fp8_ds_mla",
+    kv_cache_dtype: str = "auto",
     topk_length: torch.Tensor | None = None,
     attn_sink: torch.Tensor | None = None,
     *,
@@ -98,7 +98,8 @@ def sparse_decode_mla(
     softmax_scale : float
         Scale of the un-absorbed head, e.g. ``192 ** -0.5`` (times mscale^2 for YaRN).
     kv_cache_dtype : str
-        ``'fp8_ds_mla'`` or ``'auto'``.
+        ``'auto'`` (the default of every mla_ext op: a bf16 cache) or ``'fp8_ds_mla'`` (pass it
+        for a uint8 cache of 656-byte rows).
     topk_length : Tensor ``[b]`` int32, optional
         Only the first ``topk_length[i]`` entries of request i's lists count (0 = none).
     attn_sink : Tensor ``[h_q]`` float32, optional

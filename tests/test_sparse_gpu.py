@@ -548,6 +548,18 @@ def test_bad_input_gpu(case):
         mla_ext.sparse_decode_mla(**args)
 
 
+def test_default_format_is_auto():
+    """kv_cache_dtype defaults to 'auto' as in every op: a bf16 cache needs no format, a uint8
+    fp8_ds_mla cache is refused with a message naming the format to pass."""
+    q, cache, idx, _ = _case(2, 1, 16, 100, 64, "auto")
+    out, lse = mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE)
+    want = mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, "auto")
+    assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+    q, cache, idx, _ = _case(2, 1, 16, 100, 64, "fp8_ds_mla")
+    with pytest.raises(RuntimeError, match="pass kv_cache_dtype='fp8_ds_mla'"):
+        mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE)
+
+
 def test_checked_mode_gpu(monkeypatch):
     monkeypatch.delenv("MLA_EXT_CHECK_SLOTS", raising=False)
     cache, good, _ = make_cache(8, 64, "fp8_ds_mla", "cuda", poison_frac=0.0)

@@ -172,6 +172,21 @@ def test_bad_inputs(case):
         mla_ext.sparse_decode_mla(**args)
 
 
+def test_default_format_is_auto():
+    """kv_cache_dtype defaults to 'auto' as in every op: a bf16 cache needs no format; a uint8
+    fp8_ds_mla cache is refused with a message naming the format to pass."""
+    cache, good, _ = make_cache(4, 16, "auto", "cpu", poison_frac=0.0)
+    q = torch.randn(2, 1, 3, 576, dtype=torch.bfloat16)
+    idx = good[torch.randint(good.numel(), (2, 1, 8))].to(torch.int32)
+    out, lse = mla_ext.sparse_decode_mla(q, cache, idx, 0.1)
+    ref = reference.sparse_decode_mla(q, cache, idx, 0.1, "auto")
+    assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])
+    ds_cache, _, _ = make_cache(4, 16, "fp8_ds_mla", "cpu", poison_frac=0.0)
+    with pytest.raises(RuntimeError, match=r"got uint8: a uint8 cache of 656-byte rows is fp8_ds_mla, "
+                                           r"pass kv_cache_dtype='fp8_ds_mla'"):
+        mla_ext.sparse_decode_mla(q, ds_cache, idx, 0.1)
+
+
 def test_bad_builder_inputs():
     with pytest.raises(mla_ext.MlaInputError, match="multiple of 128"):
         mla_ext.sparse_compressed_indices(torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int32),
@@ -244,8 +259,10 @@ def test_topk_limit():
     q = torch.empty(1, 1, 4, 576, dtype=torch.bfloat16, device="meta")
     cache = torch.empty(4, 16, 656, dtype=torch.uint8, device="meta")
     with pytest.raises(mla_ext.MlaInputError, match=rf"topk \(indices.shape\[2\]\) must be <= {MAX_TOPK}, got {2**31}"):
-        mla_ext.sparse_decode_mla(q, cache, torch.empty(1, 1, 2**31, dtype=torch.int32, device="meta"), 0.1)
-    out, lse = mla_ext.sparse_decode_mla(q, cache, torch.empty(1, 1, MAX_TOPK, dtype=torch.int32, device="meta"), 0.1)
+        mla_ext.sparse_decode_mla(q, cache, torch.empty(1, 1, 2**31, dtype=torch.int32, device="meta"), 0.1,
+                                  "fp8_ds_mla")
+    out, lse = mla_ext.sparse_decode_mla(q, cache, torch.empty(1, 1, MAX_TOPK, dtype=torch.int32, device="meta"), 0.1,
+                                         "fp8_ds_mla")
     assert out.shape == (1, 1, 4, 512) and lse.shape == (1, 4, 1)
 
 
