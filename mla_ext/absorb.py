@@ -231,7 +231,9 @@ def q_absorb(
         May be a strided view (e.g. ``q[..., :128]`` of a ``[T, H, 192]`` projection output);
         last dim contiguous. The kernels are bf16-only: float16 is refused.
     q_pe : Tensor ``[T, H, 64]`` bfloat16
-        The roped part (e.g. ``q[..., 128:]``); last dim contiguous.
+        The roped part (e.g. ``q[..., 128:]``); last dim contiguous. Roped by the same function
+        as the ``k_pe`` written to the cache (see :func:`concat_and_cache_mla`): attention
+        scores ``q_pe . k_pe`` as given, so both must come out in one layout.
     w_uk_t : Tensor ``[H, 128, 512]`` contiguous, bfloat16 or float8_e4m3fn
         From :func:`prepare_absorb_weights` (``w.uk()`` or ``w.uk(fp8=True)``).
     w_uk_t_scale : Tensor ``[H, 4]`` float32, optional

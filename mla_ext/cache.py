@@ -64,7 +64,11 @@ def concat_and_cache_mla(
     kv_c : Tensor ``[T, 512]`` bfloat16 or float16
         Compressed KV after its RMSNorm. Rows may be strided (last dim contiguous).
     k_pe : Tensor ``[T, 64]`` or ``[T, 1, 64]``, kv_c's dtype
-        The roped shared key.
+        The shared key, roped by the same function (at its position) as ``q_pe``: attention
+        scores ``q_pe . k_pe`` as given, so both must come out in one layout. Hugging Face
+        DeepSeek's ``apply_rotary_pos_emb`` permutes the 64 dims before rotating; a key roped
+        by another RoPE implementation (e.g. an in-place interleaved one) gives wrong scores
+        and no error.
     kv_cache : Tensor ``[num_blocks, block_size, row]``, written in place
         ``auto``: kv_c's dtype, row 576. ``fp8``/``fp8_e4m3``: uint8 or float8_e4m3fn, row 576.
         ``fp8_ds_mla``: uint8, row 656 (see :mod:`mla_ext.formats`). Pages may be padded
