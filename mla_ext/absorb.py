@@ -13,13 +13,16 @@ import dataclasses
 import torch
 
 from . import reference
-from ._validate import aligned16, aligned_or_copy, check, check_dtype, check_last_dim_contiguous, check_same_device
+from ._validate import bf16_only_hint, check, check_dtype, check_last_dim_contiguous, check_no_zero_strides
+from ._validate import check_same_device
 from .formats import KV_LORA_RANK, LATENT_DIM, ROPE_DIM
 
 QK_NOPE_HEAD_DIM = reference.QK_NOPE_HEAD_DIM  # P
 V_HEAD_DIM = reference.V_HEAD_DIM  # V
 FP8_WEIGHT_BLOCK = reference.FP8_WEIGHT_BLOCK
 NUM_L_BLOCKS = KV_LORA_RANK // FP8_WEIGHT_BLOCK  # 4 scales per head and weight
+# Activations (q_nope, q_pe, x, out): bf16 only, as the kernels are (mma.sync / wgmma on bf16,
+# fp8 weights dequantised to bf16); float16 is refused with a message saying so.
 _ACT_DTYPES = (torch.bfloat16,)
 _FP8 = torch.float8_e4m3fn
 
@@ -147,7 +150,8 @@ def prepare_absorb_weights(
 
 
 # --------------------------------------------------------------------------------------------
-# Validation (shared by the wrappers, the CPU registration and the fakes)
+# Validation of the CPU implementations and the fakes (on CUDA csrc/bindings/absorb.cpp checks
+# the same, with the same messages)
 # --------------------------------------------------------------------------------------------
 
 
@@ -173,7 +177,7 @@ def _validate_q_absorb(q_nope, q_pe, w_uk_t, w_uk_t_scale, out=None) -> None:
           f"q_nope must be [num_tokens, num_heads, {QK_NOPE_HEAD_DIM}], got {list(q_nope.shape)}")
     t, h = q_nope.shape[0], q_nope.shape[1]
     check(tuple(q_pe.shape) == (t, h, ROPE_DIM), op, f"q_pe must be [{t}, {h}, {ROPE_DIM}] like q_nope, got {list(q_pe.shape)}")
-    check_dtype(q_nope, "q_nope", _ACT_DTYPES, op)
+    check_dtype(q_nope, "q_nope", _ACT_DTYPES, op, bf16_only_hint(q_nope, "q_nope", "absorb"))
     check(q_pe.dtype == q_nope.dtype, op, f"q_pe must have q_nope's dtype {q_nope.dtype}, got {q_pe.dtype}")
     check_last_dim_contiguous(q_nope, "q_nope", op)
     check_last_dim_contiguous(q_pe, "q_pe", op)
@@ -183,6 +187,7 @@ def _validate_q_absorb(q_nope, q_pe, w_uk_t, w_uk_t_scale, out=None) -> None:
         check(tuple(out.shape) == (t, h, LATENT_DIM), op, f"out must be [{t}, {h}, {LATENT_DIM}], got {list(out.shape)}")
         check(out.dtype == q_nope.dtype, op, f"out must have q_nope's dtype {q_nope.dtype}, got {out.dtype}")
         check_last_dim_contiguous(out, "out", op)
+        check_no_zero_strides(out, "out", op)
 
 
 def _validate_v_up(x, w_uv, w_uv_scale, out=None) -> None:
@@ -190,7 +195,7 @@ def _validate_v_up(x, w_uv, w_uv_scale, out=None) -> None:
     check_same_device(op, x=x, w_uv=w_uv, w_uv_scale=w_uv_scale, out=out)
     check(x.dim() in (3, 4) and x.shape[-1] == KV_LORA_RANK, op,
           f"x must be [num_tokens, num_heads, {KV_LORA_RANK}] or [b, s_q, num_heads, {KV_LORA_RANK}], got {list(x.shape)}")
-    check_dtype(x, "x", _ACT_DTYPES, op)
+    check_dtype(x, "x", _ACT_DTYPES, op, bf16_only_hint(x, "x", "absorb"))
     check_last_dim_contiguous(x, "x", op)
     if x.dim() == 4:
         check(x.shape[1] <= 1 or x.shape[0] <= 1 or x.stride(0) == x.shape[1] * x.stride(1), op,
@@ -224,9 +229,11 @@ def q_absorb(
     ----------
     q_nope : Tensor ``[T, H, 128]`` bfloat16
         May be a strided view (e.g. ``q[..., :128]`` of a ``[T, H, 192]`` projection output);
-        last dim contiguous.
+        last dim contiguous. The kernels are bf16-only: float16 is refused.
     q_pe : Tensor ``[T, H, 64]`` bfloat16
-        The roped part (e.g. ``q[..., 128:]``); last dim contiguous.
+        The roped part (e.g. ``q[..., 128:]``); last dim contiguous. Roped by the same function
+        as the ``k_pe`` written to the cache (see :func:`concat_and_cache_mla`): attention
+        scores ``q_pe . k_pe`` as given, so both must come out in one layout.
     w_uk_t : Tensor ``[H, 128, 512]`` contiguous, bfloat16 or float8_e4m3fn
         From :func:`prepare_absorb_weights` (``w.uk()`` or ``w.uk(fp8=True)``).
     w_uk_t_scale : Tensor ``[H, 4]`` float32, optional
@@ -239,7 +246,8 @@ def q_absorb(
     Tensor ``[T, H, 576]``: ``[:, :, :512] = q_nope @ W_UK_T[h]``, ``[:, :, 512:] = q_pe``; the
     ``q`` that the decode ops take (as ``[b, s_q, H, 576]`` after a view).
 
-    Views whose rows are not 16-byte aligned are copied first (a warning-free slow path).
+    Views whose rows are not 16-byte aligned are copied first, and such an ``out`` is written
+    through an aligned temporary (a slow path, in the op itself).
 
     Examples
     --------
@@ -249,14 +257,10 @@ def q_absorb(
     >>> mla_ext.q_absorb(q[..., :128], q[..., 128:], *w.uk()).shape
     torch.Size([3, 16, 576])
     """
-    _validate_q_absorb(q_nope, q_pe, w_uk_t, w_uk_t_scale, out)
-    if q_nope.is_cuda:
-        q_nope, q_pe = aligned_or_copy(q_nope), aligned_or_copy(q_pe)
-        if out is not None and not aligned16(out):  # through an aligned temporary
-            return out.copy_(torch.ops.mla_ext.q_absorb(q_nope, q_pe, w_uk_t, w_uk_t_scale))
+    # The op validates (C++ on CUDA, _validate_q_absorb on CPU).
     if out is None:
-        return torch.ops.mla_ext.q_absorb(q_nope, q_pe, w_uk_t, w_uk_t_scale)
-    torch.ops.mla_ext.q_absorb_out(q_nope, q_pe, w_uk_t, w_uk_t_scale, out)
+        return _q_absorb_op(q_nope, q_pe, w_uk_t, w_uk_t_scale)
+    _q_absorb_out_op(q_nope, q_pe, w_uk_t, w_uk_t_scale, out)
     return out
 
 
@@ -272,7 +276,8 @@ def v_up(
     Parameters
     ----------
     x : Tensor ``[T, H, 512]`` or ``[b, s_q, H, 512]`` bfloat16
-        As the decode ops return it; rows may be strided (last dim contiguous).
+        As the decode ops return it; rows may be strided (last dim contiguous). The kernels are
+        bf16-only: float16 is refused.
     w_uv : Tensor ``[H, 512, 128]`` bfloat16 or float8_e4m3fn, strides ``(65536, 1, 512)``
         From :func:`prepare_absorb_weights` (``w.uv()`` or ``w.uv(fp8=True)``).
     w_uv_scale : Tensor ``[H, 4]`` float32, optional
@@ -291,15 +296,17 @@ def v_up(
     >>> mla_ext.v_up(torch.randn(2, 1, 16, 512, dtype=torch.bfloat16), *w.uv()).shape
     torch.Size([2, 1, 16, 128])
     """
-    _validate_v_up(x, w_uv, w_uv_scale, out)
-    if x.is_cuda:
-        x = aligned_or_copy(x)
-        if out is not None and not aligned16(out):  # through an aligned temporary
-            return out.copy_(torch.ops.mla_ext.v_up(x, w_uv, w_uv_scale))
+    # The op validates (C++ on CUDA, _validate_v_up on CPU).
     if out is None:
-        return torch.ops.mla_ext.v_up(x, w_uv, w_uv_scale)
-    torch.ops.mla_ext.v_up_out(x, w_uv, w_uv_scale, out)
+        return _v_up_op(x, w_uv, w_uv_scale)
+    _v_up_out_op(x, w_uv, w_uv_scale, out)
     return out
+
+
+_q_absorb_op = torch.ops.mla_ext.q_absorb.default
+_q_absorb_out_op = torch.ops.mla_ext.q_absorb_out.default
+_v_up_op = torch.ops.mla_ext.v_up.default
+_v_up_out_op = torch.ops.mla_ext.v_up_out.default
 
 
 # --------------------------------------------------------------------------------------------

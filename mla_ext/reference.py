@@ -446,11 +446,13 @@ def decode_mla(
 
 
 # The decode schedule (what the GPU planner computes; see csrc/decode/plan/plan.cu). Work unit:
-# a tile of DECODE_BLOCK_N keys; a (request, part) piece costs its tiles + DECODE_PLAN_OVERHEAD.
+# a tile of DECODE_BLOCK_N keys; a request costs its tiles + DECODE_PLAN_OVERHEAD.
 DECODE_BLOCK_N = 64
 DECODE_PLAN_OVERHEAD = 5
 DECODE_SCHEDULE_FIELDS = 8  # begin_req, begin_tile, end_req, end_tile, begin_split, split_req (a list), 0, 0
 DECODE_SPLIT_INFO_FIELDS = 2  # num_splits, partial_base (-1 unless split)
+DECODE_MAX_BATCH = 65535  # requests of one plan (the kernels' grids)
+DECODE_MAX_PARTS = 4096
 
 
 def decode_block_m(num_rows: int) -> int:
@@ -465,58 +467,85 @@ def decode_num_parts(num_sms: int, s_q: int, h_q: int) -> int:
     return max(1, num_sms // ((rows + bm - 1) // bm))
 
 
+def decode_max_partials(num_parts: int, b: int) -> int:
+    """Upper bound on the partial results (pieces of split requests) of a plan: each part ends with
+    at most one cut, and a split request has one more piece than cuts."""
+    return num_parts + min(b, num_parts)
+
+
+def decode_workspace_shape(num_parts: int, b: int, s_q: int, h_q: int) -> tuple[int, int, int, int]:
+    """Shape of a plan's fp32 workspace, ``[max_partials, s_q, h_q, 513]``: room for partial o
+    ``[max_partials, s_q * h_q, 512]`` then partial lse ``[max_partials, s_q * h_q]`` (the split
+    kernels write them, the combine merges them); the shape records the geometry, which the
+    decode op checks."""
+    return decode_max_partials(num_parts, b), s_q, h_q, KV_LORA_RANK + 1
+
+
 def decode_plan(seq_lens: torch.Tensor, s_q: int, h_q: int, num_sms: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The split-KV schedule: ``schedule int32 [num_parts, 8]`` (``num_parts =
     decode_num_parts(num_sms, s_q, h_q)``) and ``split_info int32 [b, 2]``.
 
-    Requests are cut into pieces over ``num_parts`` parts, in request order, each part taking a
-    budget of ``ceil(total / num_parts) + overhead`` cost units (the last takes the rest). Part p
-    covers requests ``begin_req..end_req`` (empty when ``begin_req > end_req``), from tile
+    Request r costs ``tiles[r] + overhead``. Laid end to end, request r occupies ``[C[r], C[r+1])``
+    of the cost line (its overhead first, then tile k at ``C[r] + overhead + k``), and the ``U =
+    min(num_parts, total)`` non-empty parts cut the line evenly at ``B[p] = p * total // U``. A
+    boundary inside request r past its overhead cuts it before tile ``B[p] - C[r] - overhead``
+    (the request is split there); one inside the overhead puts the whole request in the later
+    part. Parts ``U ..`` are empty.
+
+    Part p covers requests ``begin_req..end_req`` (empty when ``begin_req > end_req``), from tile
     ``begin_tile`` of the first to tile ``end_tile`` (exclusive) of the last; its first piece is
     split number ``begin_split`` of that request. Column ``split_req`` is a list: row y holds the
-    y-th split request (in request order), -1 after the last. ``split_info[i] = (num_splits,
-    partial_base)``.
+    y-th split request (in request order), -1 after the last. ``split_info[r] = (num_splits,
+    partial_base)``, partial_base -1 for a request that is not split.
     """
+    overhead = DECODE_PLAN_OVERHEAD
     lens = [max(0, int(x)) for x in seq_lens.tolist()]
     b = len(lens)
     tiles = [(n + DECODE_BLOCK_N - 1) // DECODE_BLOCK_N for n in lens]
     num_parts = decode_num_parts(num_sms, s_q, h_q)
-    total = sum(t + DECODE_PLAN_OVERHEAD for t in tiles)
-    payload = (total + num_parts - 1) // num_parts + DECODE_PLAN_OVERHEAD
-    schedule = torch.zeros(num_parts, DECODE_SCHEDULE_FIELDS, dtype=torch.int32)
-    split_info = torch.zeros(b, DECODE_SPLIT_INFO_FIELDS, dtype=torch.int32)
+    starts = [0]  # starts[r] = C[r]; starts[b] = total
+    for t in tiles:
+        starts.append(starts[-1] + t + overhead)
+    total = starts[b]
+    used = min(num_parts, total)
+
+    def boundary(p: int) -> int:  # B[p], p = 0 .. used
+        return p * total // used
+
+    def first(y: int) -> int:  # the smallest p with B[p] >= y, for 0 <= y <= total
+        return -(-y * used // total)
+
+    def cut(x: int) -> tuple[int, int]:  # (request, first tile of the later part) at boundary x < total
+        lo, hi = 0, b - 1  # the last r with starts[r] <= x
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if starts[mid] <= x else (lo, mid - 1)
+        return lo, max(0, x - starts[lo] - overhead)
+
+    info = []
     split_reqs = []
-    req = tile = split = 0
-    for part in range(num_parts):
-        begin = (req, tile, split)
-        end_req, end_tile = req - 1, 0
-        last = part == num_parts - 1
-        budget = payload
-        while req < b:
-            rest = tiles[req] - tile
-            if last or rest + DECODE_PLAN_OVERHEAD <= budget:
-                budget -= rest + DECODE_PLAN_OVERHEAD
-                split_info[req, 0] = split + 1
-                end_req, end_tile = req, tiles[req]
-                req, tile, split = req + 1, 0, 0
-                if not last and budget <= DECODE_PLAN_OVERHEAD:
-                    break
-            else:
-                take = budget - DECODE_PLAN_OVERHEAD
-                if take <= 0:
-                    break
-                if split == 0:
-                    split_reqs.append(req)
-                tile += take
-                end_req, end_tile = req, tile
-                split += 1
-                break
-        schedule[part, :5] = torch.tensor([begin[0], begin[1], end_req, end_tile, begin[2]], dtype=torch.int32)
-    schedule[:, 5] = -1
-    schedule[: len(split_reqs), 5] = torch.tensor(split_reqs, dtype=torch.int32)
-    base = 0
-    for i in range(b):
-        n = int(split_info[i, 0])
-        split_info[i, 1] = base if n > 1 else -1
-        base += n if n > 1 else 0
-    return schedule, split_info
+    slot = 0
+    for r in range(b):
+        pieces = 1 + max(0, first(starts[r + 1]) - first(starts[r] + overhead + 1))
+        info.append([pieces, slot if pieces > 1 else -1])
+        if pieces > 1:
+            split_reqs.append(r)
+            slot += pieces
+    split_info = torch.tensor(info, dtype=torch.int32).view(b, DECODE_SPLIT_INFO_FIELDS)
+
+    rows = []
+    for p in range(num_parts):
+        if p < used:
+            r, t = cut(boundary(p))
+            begin = (r, t, p - first(starts[r] + overhead + 1) + 1 if t > 0 else 0)
+        else:
+            begin = (b, 0, 0)
+        if p + 1 < used:
+            r, t = cut(boundary(p + 1))
+            end = (r, t) if t > 0 else (r - 1, tiles[r - 1] if r > 0 else 0)
+        else:
+            end = (b - 1, tiles[b - 1] if p + 1 == used else 0)
+        rows.append([begin[0], begin[1], end[0], end[1], begin[2], -1, 0, 0])
+    for y, r in enumerate(split_reqs):
+        rows[y][5] = r
+    return torch.tensor(rows, dtype=torch.int32).view(num_parts, DECODE_SCHEDULE_FIELDS), split_info

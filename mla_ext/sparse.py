@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from ._validate import aligned_or_copy, check, check_dtype, check_kv_cache_rows, check_last_dim_contiguous, check_same_device, fail
-from ._validate import checked_mode, raise_first_out_of_range
+from ._validate import bf16_only_hint, check, check_dtype, check_index_dtype, check_kv_cache_rows
+from ._validate import check_last_dim_contiguous, check_same_device, checked_from_env, dtype_name, fail
+from ._validate import raise_first_out_of_range
 from .formats import KV_LORA_RANK, LATENT_DIM, canonical_format
 
 _DECODE = "sparse_decode_mla"
@@ -23,7 +24,8 @@ def _check_int32_param(value, name: str, op: str) -> None:
 
 
 def _validate_decode(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_length, attn_sink) -> None:
-    """Metadata checks; the C++ binding repeats them for direct ``torch.ops`` callers on CUDA."""
+    """Metadata checks of the CPU implementation, the fake and checked mode; on CUDA
+    csrc/bindings/sparse.cpp checks the same, with the same messages."""
     try:
         fmt = canonical_format(kv_cache_dtype)
     except ValueError as e:
@@ -32,26 +34,25 @@ def _validate_decode(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_l
           f"kv_cache_dtype must be 'auto' (bf16) or 'fp8_ds_mla' for sparse decode, got {kv_cache_dtype!r}")
     check_same_device(_DECODE, q=q, kv_cache=kv_cache, indices=indices, topk_length=topk_length, attn_sink=attn_sink)
     check(q.dim() == 4 and q.shape[3] == LATENT_DIM, _DECODE, f"q must be [b, s_q, h_q, {LATENT_DIM}], got {list(q.shape)}")
-    check_dtype(q, "q", (torch.bfloat16,), _DECODE)
+    check_dtype(q, "q", (torch.bfloat16,), _DECODE, bf16_only_hint(q, "q", "sparse decode"))
     check_last_dim_contiguous(q, "q", _DECODE)
     b, s_q, h_q = q.shape[:3]
     check(1 <= s_q <= MAX_S_Q, _DECODE, f"s_q must be 1..{MAX_S_Q}, got {s_q}")
     check(h_q >= 1, _DECODE, f"h_q must be >= 1, got {h_q}")
     check_kv_cache_rows(kv_cache, kv_cache_dtype, fmt, None, torch.bfloat16, "q", _DECODE)
-    check_dtype(indices, "indices", (torch.int32,), _DECODE)
+    check_index_dtype(indices, "indices", torch.int32, _DECODE)
     check(indices.dim() == 3 and tuple(indices.shape[:2]) == (b, s_q) and indices.shape[2] >= 1, _DECODE,
           f"indices must be [b, s_q, topk] = [{b}, {s_q}, topk >= 1], got {list(indices.shape)}")
     check(indices.shape[2] <= MAX_TOPK, _DECODE, f"topk (indices.shape[2]) must be <= {MAX_TOPK}, got {indices.shape[2]}")
     check_last_dim_contiguous(indices, "indices", _DECODE)
     check(isinstance(softmax_scale, (int, float)), _DECODE, f"softmax_scale must be a float, got {type(softmax_scale)}")
     if topk_length is not None:
-        check_dtype(topk_length, "topk_length", (torch.int32,), _DECODE)
+        check_index_dtype(topk_length, "topk_length", torch.int32, _DECODE)
         check(topk_length.dim() == 1 and topk_length.shape[0] == b, _DECODE,
               f"topk_length must be int32 [b] = [{b}], got {list(topk_length.shape)}")
     if attn_sink is not None:
-        check_dtype(attn_sink, "attn_sink", (torch.float32,), _DECODE)
-        check(attn_sink.dim() == 1 and attn_sink.shape[0] == h_q, _DECODE,
-              f"attn_sink must be float32 [h_q] = [{h_q}], got {list(attn_sink.shape)}")
+        check(attn_sink.dtype == torch.float32 and attn_sink.dim() == 1 and attn_sink.shape[0] == h_q, _DECODE,
+              f"attn_sink must be float32 [h_q] = [{h_q}], got {dtype_name(attn_sink.dtype)} {list(attn_sink.shape)}")
 
 
 def _check_indices_in_range(kv_cache, indices, topk_length) -> None:
@@ -72,7 +73,7 @@ def sparse_decode_mla(
     kv_cache: torch.Tensor,
     indices: torch.Tensor,
     softmax_scale: float,
-    kv_cache_dtype: str = "fp8_ds_mla",
+    kv_cache_dtype: str = "auto",
     topk_length: torch.Tensor | None = None,
     attn_sink: torch.Tensor | None = None,
     *,
@@ -84,7 +85,8 @@ def sparse_decode_mla(
     ----------
     q : Tensor ``[b, s_q, h_q, 576]`` bfloat16
         Latent query (absorbed ``q_nope`` 512, then ``q_pe`` 64). ``s_q`` 1..16, any ``h_q >= 1``
-        (no padding to 64 heads: 16 heads cost a quarter of the MMA work of 64).
+        (no padding to 64 heads: 16 heads cost a quarter of the MMA work of 64). The kernels are
+        bf16-only: float16 is refused. Rows not 16-byte aligned are copied first.
     kv_cache : Tensor ``[num_blocks, block_size, row]``
         ``'fp8_ds_mla'``: uint8, row 656; ``'auto'``: bfloat16, row 576. Any ``block_size``;
         pages may be padded (the strides are honoured).
@@ -92,10 +94,12 @@ def sparse_decode_mla(
         Global slots ``block * block_size + offset`` (see :func:`sparse_indices_to_slots`). A
         negative slot or one ``>= num_blocks * block_size`` is invalid: it contributes nothing
         and its row is never read. Duplicates count as often as they appear. Any ``topk >= 1``.
+        int64 is refused (convert once per step with ``indices.to(torch.int32)``).
     softmax_scale : float
         Scale of the un-absorbed head, e.g. ``192 ** -0.5`` (times mscale^2 for YaRN).
     kv_cache_dtype : str
-        ``'fp8_ds_mla'`` or ``'auto'``.
+        ``'auto'`` (the default of every mla_ext op: a bf16 cache) or ``'fp8_ds_mla'`` (pass it
+        for a uint8 cache of 656-byte rows).
     topk_length : Tensor ``[b]`` int32, optional
         Only the first ``topk_length[i]`` entries of request i's lists count (0 = none).
     attn_sink : Tensor ``[h_q]`` float32, optional
@@ -130,17 +134,14 @@ def sparse_decode_mla(
     >>> out.shape, lse.shape
     (torch.Size([2, 1, 16, 512]), torch.Size([2, 16, 1]))
     """
-    _validate_decode(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_length, attn_sink)
-    if checked_mode(checked):
+    # The op validates (C++ on CUDA, _validate_decode on CPU); checked mode reads the indices first.
+    if checked or (checked is None and checked_from_env()):
+        _validate_decode(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_length, attn_sink)
         _check_indices_in_range(kv_cache, indices, topk_length)
-    if q.is_cuda:
-        q = aligned_or_copy(q)
-    if topk_length is not None:
-        topk_length = topk_length.contiguous()
-    if attn_sink is not None:
-        attn_sink = attn_sink.contiguous()
-    return torch.ops.mla_ext.sparse_decode_mla(q, kv_cache, indices, float(softmax_scale), kv_cache_dtype,
-                                               topk_length, attn_sink)
+    return _sparse_op(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_length, attn_sink)
+
+
+_sparse_op = torch.ops.mla_ext.sparse_decode_mla.default
 
 
 @torch.library.register_kernel("mla_ext::sparse_decode_mla", "cpu")
@@ -165,9 +166,9 @@ def _sparse_decode_mla_fake(q, kv_cache, indices, softmax_scale, kv_cache_dtype,
 
 def _validate_slots(local_indices, block_table, block_size, slots) -> None:
     check_same_device(_SLOTS, local_indices=local_indices, block_table=block_table, slots=slots)
-    check_dtype(local_indices, "local_indices", (torch.int32,), _SLOTS)
+    check_index_dtype(local_indices, "local_indices", torch.int32, _SLOTS)
     check(local_indices.dim() == 3, _SLOTS, f"local_indices must be [b, s_q, topk], got {list(local_indices.shape)}")
-    check_dtype(block_table, "block_table", (torch.int32,), _SLOTS)
+    check_index_dtype(block_table, "block_table", torch.int32, _SLOTS)
     check(block_table.dim() == 2 and block_table.shape[0] == local_indices.shape[0], _SLOTS,
           f"block_table must be [b, max_blocks] with b = {local_indices.shape[0]}, got {list(block_table.shape)}")
     check_last_dim_contiguous(block_table, "block_table", _SLOTS)
@@ -212,14 +213,14 @@ def sparse_indices_to_slots(
     """
     if out is None:
         out = torch.empty(local_indices.shape, dtype=torch.int32, device=local_indices.device)
-    _validate_slots(local_indices, block_table, block_size, out)
-    if checked_mode(checked):
+    if checked or (checked is None and checked_from_env()):
+        _validate_slots(local_indices, block_table, block_size, out)
         max_blocks = block_table.shape[1]
         num_positions = max_blocks * block_size
         raise_first_out_of_range(_SLOTS, "local_indices", local_indices, local_indices >= num_positions,
                                  f"the block table ({max_blocks} pages x {block_size} = {num_positions} positions)",
                                  "such positions give slot -1")
-    torch.ops.mla_ext.sparse_indices_to_slots(local_indices.contiguous(), block_table, block_size, out)
+    torch.ops.mla_ext.sparse_indices_to_slots.default(local_indices, block_table, block_size, out)
     return out
 
 
@@ -233,13 +234,13 @@ def _validate_compressed(positions, token_to_req, block_table, block_size, compr
                          indices, lengths) -> None:
     check_same_device(_COMPRESSED, positions=positions, token_to_req=token_to_req, block_table=block_table,
                       indices=indices, lengths=lengths)
-    check_dtype(positions, "positions", (torch.int64,), _COMPRESSED)
+    check_index_dtype(positions, "positions", torch.int64, _COMPRESSED)
     check(positions.dim() == 1, _COMPRESSED, f"positions must be [T], got {list(positions.shape)}")
     num_tokens = positions.shape[0]
-    check_dtype(token_to_req, "token_to_req", (torch.int32,), _COMPRESSED)
+    check_index_dtype(token_to_req, "token_to_req", torch.int32, _COMPRESSED)
     check(token_to_req.shape == (num_tokens,), _COMPRESSED,
           f"token_to_req must be [T] = [{num_tokens}], got {list(token_to_req.shape)}")
-    check_dtype(block_table, "block_table", (torch.int32,), _COMPRESSED)
+    check_index_dtype(block_table, "block_table", torch.int32, _COMPRESSED)
     check(block_table.dim() == 2, _COMPRESSED, f"block_table must be [num_requests, max_blocks], got {list(block_table.shape)}")
     check_last_dim_contiguous(block_table, "block_table", _COMPRESSED)
     _check_int32_param(block_size, "block_size", _COMPRESSED)
@@ -288,10 +289,8 @@ def sparse_compressed_indices(
 
     On a GPU one kernel, no host sync, no allocation: safe inside a captured CUDA graph.
     """
-    _validate_compressed(positions, token_to_req, block_table, block_size, compress_ratio, num_decode_tokens,
-                         indices, lengths)
-    torch.ops.mla_ext.sparse_compressed_indices(positions.contiguous(), token_to_req.contiguous(), block_table,
-                                                block_size, compress_ratio, num_decode_tokens, indices, lengths)
+    torch.ops.mla_ext.sparse_compressed_indices.default(positions, token_to_req, block_table, block_size,
+                                                        compress_ratio, num_decode_tokens, indices, lengths)
 
 
 @torch.library.register_kernel("mla_ext::sparse_compressed_indices", "cpu")

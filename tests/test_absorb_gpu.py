@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from bad_inputs import q_absorb_cases, v_up_cases
 from conftest import EnumArg, assert_close, is_sm90, kernel_is, launched_kernels, num_sms, use_path
 
 import mla_ext
@@ -205,7 +206,7 @@ def test_v_up_sanitizer_small(case, request):
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_small_out_buffer_and_4d(fp8):
-    """out= into a padded buffer (NaN around it stays), 4-D x, odd strides copied by the wrapper."""
+    """out= into a padded buffer (NaN around it stays), 4-D x, odd strides copied by the op."""
     t, h = 37, 16
     w = _weights(h, fp8)
     q = torch.randn(t, h, P + R, device="cuda", dtype=torch.bfloat16)
@@ -215,12 +216,11 @@ def test_small_out_buffer_and_4d(fp8):
     assert torch.isfinite(out).all()
     assert torch.isnan(buf[0]).all() and torch.isnan(buf[-1]).all() and torch.isnan(buf[..., L + R:]).all()
     assert_close(out, reference.q_absorb(q[..., :P].float(), q[..., P:].float(), w.w_uk_t), name="out=", **TOL)
-    # a view whose rows are not 16-byte aligned: the wrapper copies, torch.ops raises clearly
+    # a view whose rows are not 16-byte aligned: the op copies it (the wrapper does nothing)
     q_odd = torch.randn(t, h, P + R + 1, device="cuda", dtype=torch.bfloat16)[..., 1:]
     got = mla_ext.q_absorb(q_odd[..., :P], q_odd[..., P:], *w.uk(fp8))
     assert_close(got, reference.q_absorb(q_odd[..., :P].float(), q_odd[..., P:].float(), w.w_uk_t), name="odd", **TOL)
-    with pytest.raises(RuntimeError, match="16-byte boundary"):
-        torch.ops.mla_ext.q_absorb(q_odd[..., :P], q_odd[..., P:], *w.uk(fp8))
+    assert torch.equal(torch.ops.mla_ext.q_absorb(q_odd[..., :P], q_odd[..., P:], *w.uk(fp8)), got)
     # v_up with [b, s_q, H, 512] and out=
     x = torch.randn(5, 3, h, L, device="cuda", dtype=torch.bfloat16)
     o = torch.full((5, 3, h, V), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -268,8 +268,8 @@ def test_cuda_graph_replay():
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_misaligned_contiguous_views(fp8):
-    """Contiguous views starting at element 1 (.contiguous() returns them unchanged): the wrappers
-    copy the inputs and write out= through an aligned temporary; torch.ops raises clearly."""
+    """Contiguous views starting at element 1 (.contiguous() returns them unchanged): the ops copy
+    the inputs and write out= through an aligned temporary (the wrappers do nothing)."""
     t, h = 24, 16
     w = _weights(h, fp8)
 
@@ -291,5 +291,21 @@ def test_misaligned_contiguous_views(fp8):
     assert_close(mla_ext.v_up(x, *w.uv(fp8)), ref, name="v_up odd x", **TOL)
     assert mla_ext.v_up(x, *w.uv(fp8), out=o) is o
     assert_close(o, ref, name="v_up odd out=", **TOL)
-    with pytest.raises(RuntimeError, match="16-byte boundary"):
-        torch.ops.mla_ext.v_up_out(x.clone(), *w.uv(fp8), o)
+    o2 = odd(t, h, V, fill=float("nan"))
+    torch.ops.mla_ext.v_up_out(x.clone(), *w.uv(fp8), o2)
+    assert torch.equal(o2, o)
+
+
+@pytest.mark.parametrize("case", [c[0] for c in q_absorb_cases("cpu")])
+def test_q_absorb_bad_input_gpu(case):
+    """The binding refuses what the reference path refuses, with the same message (RuntimeError)."""
+    _, call, message = next(c for c in q_absorb_cases("cuda") if c[0] == case)
+    with pytest.raises(RuntimeError, match=message):
+        call()
+
+
+@pytest.mark.parametrize("case", [c[0] for c in v_up_cases("cpu")])
+def test_v_up_bad_input_gpu(case):
+    _, call, message = next(c for c in v_up_cases("cuda") if c[0] == case)
+    with pytest.raises(RuntimeError, match=message):
+        call()

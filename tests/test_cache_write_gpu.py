@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from bad_inputs import CACHE_WRITE_CASES, cache_write_args
 
 import mla_ext
 from mla_ext import reference
@@ -167,3 +168,19 @@ def test_fp8_division_bits_over_wide_ranges():
         mla_ext.concat_and_cache_mla(kv_c, k_pe, cache, slots, "fp8", scale)
         mismatched = int((cache != expected).sum())
         assert mismatched == 0, f"scale {scale_value}: {mismatched} bytes differ"
+
+
+@pytest.mark.parametrize("case", sorted(CACHE_WRITE_CASES))
+def test_bad_input_gpu(case):
+    """The binding refuses what the reference path refuses, with the same message (RuntimeError),
+    and leaves the cache as it was."""
+    mutate, message = CACHE_WRITE_CASES[case]
+    args = cache_write_args("cuda")
+    mutate(args)
+    before = args["kv_cache"].clone()
+    with pytest.raises(RuntimeError, match=message):
+        mla_ext.concat_and_cache_mla(**args)
+    with pytest.raises(RuntimeError, match=message):  # the op itself
+        torch.ops.mla_ext.concat_and_cache_mla(*args.values())
+    torch.cuda.synchronize()
+    assert torch.equal(args["kv_cache"], before)

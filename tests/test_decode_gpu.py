@@ -10,6 +10,7 @@ import os
 
 import pytest
 import torch
+from bad_inputs import DECODE_CASES, decode_inputs
 from conftest import (CACHE_FORMAT, SCALAR, assert_close, is_sm90, kernel_is, launched_kernels, set_force_portable,
                       use_path)
 
@@ -20,6 +21,7 @@ from mla_ext.bench.decode import make_inputs, run_op, run_reference
 pytestmark = pytest.mark.gpu
 
 FORMATS = ("auto", "fp8", "fp8_ds_mla")
+SCALE = 192**-0.5
 
 
 def check(inp, causal, lse_atol=2e-3, **kw):
@@ -161,13 +163,97 @@ def test_one_long_many_short():
     check(inp, causal=True)
 
 
-def test_plan_matches_reference():
-    for b in (1, 7, 128, 1000):
-        lens = torch.randint(0, 70000 if b < 10 else 5000, (b,), dtype=torch.int32)
-        for s_q, h_q in ((1, 16), (2, 128), (16, 128)):
-            sched, info = mla_ext.get_decode_plan(lens.cuda(), s_q, h_q, "auto", num_sms=132)
-            ref_sched, ref_info = reference.decode_plan(lens, s_q, h_q, 132)
-            assert torch.equal(sched.cpu(), ref_sched) and torch.equal(info.cpu(), ref_info), (b, s_q, h_q)
+@pytest.mark.parametrize("kind", ["uniform", "skewed", "zeros", "tiny"])
+def test_plan_matches_reference(kind):
+    """The GPU planner gives the reference's plan exactly: one chunk (b <= 4096) and several
+    (4097: two, 65535: sixteen), one long request among short ones, all-zero lengths, and fewer
+    cost units than parts (empty parts)."""
+    for b in (1, 7, 128, 256, 1000, 4097, 65535):
+        if kind == "uniform":
+            lens = torch.randint(0, 70000 if b < 10 else 5000, (b,), dtype=torch.int32)
+        elif kind == "skewed":
+            lens = torch.randint(1, 300, (b,), dtype=torch.int32)
+            lens[b // 2] = 2**31 - 1
+        elif kind == "zeros":
+            lens = torch.zeros(b, dtype=torch.int32)
+        else:
+            lens = torch.randint(-2, 3, (b,), dtype=torch.int32)
+        for s_q, h_q, num_sms in ((1, 16, 132), (2, 128, 132), (16, 128, 132), (1, 16, 4096)):
+            sched, info = mla_ext.get_decode_plan(lens.cuda(), s_q, h_q, "auto", num_sms=num_sms)
+            ref_sched, ref_info = reference.decode_plan(lens, s_q, h_q, num_sms)
+            assert torch.equal(sched.cpu(), ref_sched) and torch.equal(info.cpu(), ref_info), (b, s_q, h_q, num_sms)
+
+
+def test_plan_workspace_is_reused():
+    """Two layers given one plan (and its workspace) compute what calls without a workspace (each
+    allocating its own) and the reference compute."""
+    inp = make_inputs([3000, 5, 0, 70000, 64], 2, 16, 64, "auto", device="cuda")
+    plan = mla_ext.get_decode_plan(inp["seq_lens"], 2, 16)
+    assert plan.workspace.shape == reference.decode_workspace_shape(plan.schedule.shape[0], 5, 2, 16)
+    first = run_op(inp, True, plan=plan)
+    second = run_op(inp, True, plan=plan)
+    bare = torch.ops.mla_ext.decode_mla(inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"],
+                                        inp["softmax_scale"], "auto", True, None, plan.schedule, plan.split_info)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    for a, b in zip(first, bare):
+        assert torch.equal(a, b)
+    check(inp, causal=True, plan=plan)
+
+
+@pytest.mark.parametrize("case", sorted(DECODE_CASES))
+def test_bad_input_gpu(case):
+    """The binding refuses what the reference path refuses, with the same message (RuntimeError)."""
+    change, match = DECODE_CASES[case]
+    inp = decode_inputs("cuda")
+    bad = dict(inp)
+    bad.update(change(inp))
+    with pytest.raises(RuntimeError, match=match):
+        run_op(bad, True)
+    with pytest.raises(RuntimeError, match=match):  # the op itself
+        torch.ops.mla_ext.decode_mla(bad["q"], bad["kv_cache"], bad["block_table"], bad["seq_lens"], SCALE,
+                                     bad["kv_cache_dtype"], True, bad["scale"])
+
+
+def test_bad_plans_and_buffers_gpu():
+    inp = decode_inputs("cuda")
+    other = mla_ext.get_decode_plan(torch.tensor([3], dtype=torch.int32, device="cuda"), 1, 4)
+    with pytest.raises(RuntimeError, match=r"split_info must be int32 \[b=2"):
+        run_op(inp, True, plan=other)
+    with pytest.raises(RuntimeError, match="plan was made for"):
+        run_op(inp, True, plan=mla_ext.get_decode_plan(inp["seq_lens"], 1, 16))
+    right = mla_ext.get_decode_plan(inp["seq_lens"], 1, 4)
+    with pytest.raises(RuntimeError, match="schedule must be int32"):
+        run_op(inp, True, plan=mla_ext.DecodePlan(right.schedule[:0], right.split_info))
+    small = mla_ext.get_decode_plan(inp["seq_lens"], 1, 2)
+    # its workspace's shape records the plan's geometry: the op refuses it for h_q 4 ...
+    with pytest.raises(RuntimeError, match=r"plan was made for s_q=1, h_q=2 but this call has s_q=1, h_q=4"):
+        torch.ops.mla_ext.decode_mla(inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"], SCALE,
+                                     "auto", True, None, small.schedule, small.split_info, False, small.workspace)
+    # ... and a flat workspace too small for the call
+    flat = small.workspace.flatten()
+    with pytest.raises(RuntimeError, match="workspace must be a contiguous, 16-byte aligned float32 tensor"):
+        torch.ops.mla_ext.decode_mla(inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"], SCALE,
+                                     "auto", True, None, small.schedule, small.split_info, False, flat)
+    with pytest.raises(RuntimeError, match="out must not have zero strides"):
+        run_op(inp, True, out=torch.empty(1, 1, 1, 512, dtype=torch.bfloat16, device="cuda").expand(2, 1, 4, 512))
+    with pytest.raises(RuntimeError, match="lse must not have zero strides"):
+        run_op(inp, True, lse=torch.empty(1, 1, 1, device="cuda").expand(2, 4, 1))
+    with pytest.raises(RuntimeError, match=r"seq_lens must be int32, got int64: convert once per step"):
+        mla_ext.get_decode_plan(inp["seq_lens"].long(), 1, 4)
+
+
+def test_misaligned_q_is_copied():
+    """A contiguous q starting at element 1 (.contiguous() returns it unchanged): the op itself
+    copies it to aligned rows (the wrapper does nothing)."""
+    inp = make_inputs([70, 900], 2, 16, 64, "auto", device="cuda")
+    flat = torch.empty(1 + inp["q"].numel(), dtype=torch.bfloat16, device="cuda")
+    q_odd = flat[1:].view(inp["q"].shape)
+    q_odd.copy_(inp["q"])
+    assert q_odd.is_contiguous() and q_odd.data_ptr() % 16 != 0
+    want = run_op(inp, True)
+    got = run_op(dict(inp, q=q_odd), True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @pytest.mark.parametrize("h_q,block_size,fmt", [(16, 16, "auto"), (128, 64, "auto"), (128, 16, "auto"), (128, 61, "auto"),

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from bad_inputs import DECODE_CASES, decode_inputs
 
 import mla_ext
 from mla_ext import reference
@@ -139,6 +140,99 @@ def test_plan_covers_every_tile_once(num_sms, lens, s_q, h_q):
     assert total_partials <= num_parts + min(len(lens), num_parts)  # decode::max_partials_for
 
 
+def _check_plan_invariants(lens, s_q, h_q, num_sms):
+    """Every tile covered exactly once; split indices 0..n-1 per request and partial slots in
+    request order; the split list; at most max_partials slots; no empty piece of a split request;
+    each part's cost (its tiles plus the overhead of the requests it starts) within one request's
+    overhead and one tile of the even share."""
+    sched, info = reference.decode_plan(torch.tensor(lens, dtype=torch.int32), s_q, h_q, num_sms)
+    num_parts = reference.decode_num_parts(num_sms, s_q, h_q)
+    assert sched.shape == (num_parts, reference.DECODE_SCHEDULE_FIELDS) and info.shape == (len(lens), 2)
+    tiles = [(max(n, 0) + 63) // 64 for n in lens]
+    covered = [[] for _ in lens]  # (first tile, end tile) of each piece
+    pieces = [[] for _ in lens]
+    overhead = reference.DECODE_PLAN_OVERHEAD
+    total = sum(tiles) + overhead * len(lens)
+    share = -(-total // min(num_parts, total))
+    for begin_req, begin_tile, end_req, end_tile, begin_split, _, zero6, zero7 in sched.tolist():
+        assert zero6 == 0 and zero7 == 0
+        cost = 0
+        for r in range(begin_req, end_req + 1):
+            t0 = begin_tile if r == begin_req else 0
+            t1 = end_tile if r == end_req else tiles[r]
+            assert t1 > t0 or tiles[r] == 0, "a piece of a split request is never empty"
+            pieces[r].append(begin_split if r == begin_req else 0)
+            cost += t1 - t0 + (overhead if t0 == 0 else 0)
+            covered[r].append((t0, t1))
+        assert cost <= share + overhead, (cost, share)
+    for r, spans in enumerate(covered):  # every tile exactly once: the pieces tile [0, tiles[r])
+        spans.sort()
+        assert spans and spans[0][0] == 0 and spans[-1][1] == tiles[r], (r, spans)
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), (r, spans)
+    split_reqs = [r for r in range(len(lens)) if int(info[r, 0]) > 1]
+    assert sched[:, 5].tolist() == split_reqs + [-1] * (num_parts - len(split_reqs))
+    slots = 0
+    for r, p in enumerate(pieces):
+        assert sorted(p) == list(range(len(p))) and int(info[r, 0]) == len(p)
+        assert int(info[r, 1]) == (slots if len(p) > 1 else -1)
+        slots += len(p) if len(p) > 1 else 0
+    assert slots <= reference.decode_max_partials(num_parts, len(lens))
+
+
+@pytest.mark.parametrize("kind", ["uniform", "skewed", "zeros", "mixed", "tiny", "huge"])
+@pytest.mark.parametrize("b", [1, 3, 64, 256, 1000])
+def test_plan_invariants_random(kind, b):
+    g = torch.Generator().manual_seed(b * 7 + len(kind))
+    if kind == "uniform":
+        lens = torch.randint(0, 8192, (b,), generator=g).tolist()
+    elif kind == "skewed":  # one long request among short ones (ThunderMLA's imbalanced batches)
+        lens = torch.randint(1, 300, (b,), generator=g).tolist()
+        lens[int(torch.randint(b, (1,), generator=g))] = 200_000
+    elif kind == "zeros":
+        lens = [0] * b
+    elif kind == "mixed":  # zeros, negatives (treated as 0), tile edges
+        choices = [0, -3, 1, 63, 64, 65, 4097]
+        lens = [choices[int(i)] for i in torch.randint(len(choices), (b,), generator=g)]
+    elif kind == "tiny":  # fewer cost units than parts: empty parts at the end
+        lens = torch.randint(0, 3, (b,), generator=g).tolist()
+    else:  # near int32: cost sums past int32
+        lens = [2**31 - 1 - int(x) for x in torch.randint(0, 1000, (b,), generator=g)]
+    for s_q, h_q, num_sms in ((1, 16, 132), (2, 128, 132), (1, 64, 7), (1, 16, 1)):
+        _check_plan_invariants(lens, s_q, h_q, num_sms)
+
+
+def test_plan_evens_out_varied_lengths():
+    """Lengths ~N(4096, 2048) over 132 parts: every part's cost (its tiles plus the overhead of the
+    requests it starts) is the even share, give or take one request's overhead each way."""
+    g = torch.Generator().manual_seed(5)
+    lens = (torch.randn(128, generator=g) * 2048 + 4096).clamp(min=1).int()
+    sched, info = reference.decode_plan(lens, 1, 16, 132)
+    tiles = [(int(n) + 63) // 64 for n in lens]
+    overhead = reference.DECODE_PLAN_OVERHEAD
+    costs = []
+    for begin_req, begin_tile, end_req, end_tile, *_ in sched.tolist():
+        cost = 0
+        for r in range(begin_req, end_req + 1):
+            t0 = begin_tile if r == begin_req else 0
+            cost += (end_tile if r == end_req else tiles[r]) - t0 + (overhead if t0 == 0 else 0)
+        costs.append(cost)
+    total = sum(tiles) + overhead * len(tiles)
+    assert sum(costs) == total and len(costs) == 132
+    assert max(costs) <= -(-total // 132) + overhead and min(costs) >= total // 132 - overhead, costs
+
+
+def test_plan_workspace():
+    """get_decode_plan returns the split kernels' workspace, sized for the plan (CPU: the same size)."""
+    lens = torch.tensor([5, 700, 0], dtype=torch.int32)
+    for s_q, h_q, num_sms in ((1, 16, 132), (2, 128, 132), (16, 128, 8)):
+        plan = mla_ext.get_decode_plan(lens, s_q, h_q, num_sms=num_sms)
+        num_parts = reference.decode_num_parts(num_sms, s_q, h_q)
+        assert plan.workspace.dtype == torch.float32 and plan.workspace.is_contiguous()
+        assert plan.workspace.shape == (reference.decode_max_partials(num_parts, 3), s_q, h_q, 513)
+        sched, info = plan  # unpacks as the pair it always was
+        assert sched is plan.schedule and info is plan.split_info
+
+
 def test_plan_balances_one_long_request():
     sched, info = reference.decode_plan(torch.tensor([65536], dtype=torch.int32), 1, 16, 132)
     sizes = [e - b for b, e in zip(sched[:, 1].tolist(), sched[:, 3].tolist()) if e > 0]
@@ -164,6 +258,10 @@ def test_opcheck_cpu():
     torch.library.opcheck(torch.ops.mla_ext.decode_plan.default, (inp["seq_lens"], 1, 2, "fp8_ds_mla", 16))
     out, lse = torch.empty(2, 1, 2, 512, dtype=torch.bfloat16), torch.empty(2, 2, 1)
     torch.library.opcheck(torch.ops.mla_ext.decode_mla_out.default, args + (None, None, False, out, lse))
+    plan = mla_ext.get_decode_plan(inp["seq_lens"], 1, 2, "fp8_ds_mla", 16)
+    sched, info, workspace = plan.schedule, plan.split_info, plan.workspace
+    torch.library.opcheck(torch.ops.mla_ext.decode_mla.default, args + (sched, info, False, workspace))
+    torch.library.opcheck(torch.ops.mla_ext.decode_mla_out.default, args + (sched, info, False, out, lse, workspace))
 
 
 def test_fake_under_compile():
@@ -172,13 +270,17 @@ def test_fake_under_compile():
     @torch.compile(fullgraph=True, backend="aot_eager")
     def step(q, kv_cache, block_table, seq_lens):
         sched, info = torch.ops.mla_ext.decode_plan(seq_lens, 2, 2, "auto", 8)
+        workspace = torch.empty(reference.decode_workspace_shape(sched.shape[0], info.shape[0], 2, 2))
         out, lse = torch.ops.mla_ext.decode_mla(q, kv_cache, block_table, seq_lens, SOFTMAX_SCALE, "auto", True,
-                                                None, sched, info)
-        return out * 2, lse
+                                                None, sched, info, False, workspace)
+        # a second layer of the step reuses the plan and its workspace
+        out2, _ = torch.ops.mla_ext.decode_mla(q, kv_cache, block_table, seq_lens, SOFTMAX_SCALE, "auto", True,
+                                               None, sched, info, False, workspace)
+        return out * 2, lse, out2
 
-    out, lse = step(inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"])
+    out, lse, out2 = step(inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"])
     ref_out, ref_lse = run_reference(inp, True)
-    assert torch.equal(out, ref_out * 2) and torch.equal(lse, ref_lse)
+    assert torch.equal(out, ref_out * 2) and torch.equal(lse, ref_lse) and torch.equal(out2, ref_out)
 
 
 def _bad(inp, **changes):
@@ -187,25 +289,10 @@ def _bad(inp, **changes):
     return args
 
 
-@pytest.mark.parametrize("change,match", [
-    (lambda i: dict(q=i["q"][..., :512]), r"q must be \[b, s_q, h_q, 576\]"),
-    (lambda i: dict(q=i["q"].float()), "q must be bfloat16 or float16"),
-    (lambda i: dict(q=torch.randn(2, 17, 4, 576, dtype=torch.bfloat16)), r"s_q .* must be in \[1, 16\]"),
-    (lambda i: dict(q=i["q"].half()), "kv_cache_dtype='auto' needs a kv_cache of q's dtype"),
-    (lambda i: dict(kv_cache=i["kv_cache"][..., :512]), "rows of 576 elements"),
-    (lambda i: dict(kv_cache_dtype="fp8_ds_mla"), "kv_cache must be uint8"),
-    (lambda i: dict(kv_cache=i["kv_cache"].transpose(1, 2)), "kv_cache's last dim must be contiguous|rows of 576"),
-    (lambda i: dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.uint8), kv_cache_dtype="fp8_ds_mla"), "rows of 656 bytes"),
-    (lambda i: dict(kv_cache=torch.zeros(4, 16, 656, dtype=torch.uint8), kv_cache_dtype="fp8"), "rows of 576 bytes"),
-    (lambda i: dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.uint8), kv_cache_dtype="fp8"), "needs scale"),
-    (lambda i: dict(kv_cache_dtype="int4"), "kv_cache_dtype must be one of"),
-    (lambda i: dict(block_table=i["block_table"].long()), "block_table must be int32"),
-    (lambda i: dict(block_table=i["block_table"][:1]), r"block_table must be \[b=2"),
-    (lambda i: dict(seq_lens=i["seq_lens"].long()), "seq_lens must be int32"),
-    (lambda i: dict(seq_lens=i["seq_lens"][:1]), r"seq_lens must be \[b=2\]"),
-])
-def test_bad_input(change, match):
-    inp = make_inputs([5, 40], 2, 4, 16, "auto", device="cpu")
+@pytest.mark.parametrize("case", sorted(DECODE_CASES))
+def test_bad_input(case):
+    change, match = DECODE_CASES[case]
+    inp = decode_inputs("cpu")
     with pytest.raises(mla_ext.MlaInputError, match=match):
         run_op(_bad(inp, **change(inp)), True)
 
@@ -241,8 +328,21 @@ def test_bad_values_and_plan():
     assert sched is right.schedule and info is right.split_info
     with pytest.raises(mla_ext.MlaInputError, match=r"s_q must be in \[1, 16\]"):
         mla_ext.get_decode_plan(inp["seq_lens"], 0, 4)
-    with pytest.raises(mla_ext.MlaInputError, match="seq_lens must be int32"):
+    with pytest.raises(mla_ext.MlaInputError, match=r"seq_lens must be int32, got int64: convert once per step"):
         mla_ext.get_decode_plan(inp["seq_lens"].long(), 1, 4)
+    with pytest.raises(mla_ext.MlaInputError, match=r"seq_lens must be 1-D \[b\] with 1 <= b <= 65535"):
+        mla_ext.get_decode_plan(torch.zeros(65536, dtype=torch.int32), 1, 4)
+    # A plan's workspace too small for this call (a plan for fewer heads, passed to the op).
+    small = mla_ext.get_decode_plan(inp["seq_lens"], 1, 2, "auto")
+    # its workspace's shape records the plan's geometry: the op refuses it for h_q 4 ...
+    with pytest.raises(mla_ext.MlaInputError, match=r"plan was made for s_q=1, h_q=2 but this call has s_q=1, h_q=4"):
+        torch.ops.mla_ext.decode_mla(inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"], SOFTMAX_SCALE,
+                                     "auto", True, None, small.schedule, small.split_info, False, small.workspace)
+    # ... and a flat workspace too small for the call
+    flat = small.workspace.flatten()
+    with pytest.raises(mla_ext.MlaInputError, match="workspace must be a contiguous, 16-byte aligned float32 tensor"):
+        torch.ops.mla_ext.decode_mla(inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"], SOFTMAX_SCALE,
+                                     "auto", True, None, small.schedule, small.split_info, False, flat)
 
 
 def test_expanded_out_buffers_are_refused():

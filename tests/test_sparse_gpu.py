@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import mla_ext
+from bad_inputs import SPARSE_CASES, sparse_args
 from conftest import CACHE_FORMAT, assert_close, is_sm90, kernel_is, launched_kernels, use_path
 from mla_ext import reference
 from mla_ext.formats import DS_MLA_ROPE_OFFSET, DS_MLA_SCALE_OFFSET
@@ -462,7 +463,7 @@ def test_int32_limits_raise_gpu():
     q = torch.zeros(1, 1, 16, 576, dtype=torch.bfloat16, device="cuda")
     cache = torch.zeros(4, 16, 576, dtype=torch.bfloat16, device="cuda")
     huge = torch.empty(1, 1, 2**31 - 64, dtype=torch.int32, device="cuda")  # 8 GiB, never read
-    with pytest.raises(RuntimeError, match=r"topk \(indices.size\(2\)\) must be <= 2147483583, got 2147483584"):
+    with pytest.raises(RuntimeError, match=r"topk \(indices.shape\[2\]\) must be <= 2147483583, got 2147483584"):
         torch.ops.mla_ext.sparse_decode_mla(q, cache, huge, 0.1, "auto", None, None)
     del huge
 
@@ -480,16 +481,44 @@ def test_empty_cache_gpu(fmt, shape):
 
 
 def test_misaligned_contiguous_q():
-    """A contiguous q starting at element 1: .contiguous() would return it unchanged; the wrapper
-    copies it to an aligned buffer, torch.ops raises."""
+    """A contiguous q starting at element 1: .contiguous() would return it unchanged; the op itself
+    copies it to an aligned buffer (the wrapper does nothing), and so do strided topk_length and
+    attn_sink views."""
     q, cache, idx, _ = _case(2, 2, 16, 100, 64, "auto")
     flat = torch.empty(1 + q.numel(), dtype=torch.bfloat16, device="cuda")
     q_odd = flat[1:].view(q.shape)
     q_odd.copy_(q)
     assert q_odd.is_contiguous() and q_odd.data_ptr() % 16 != 0
     _check(q_odd, cache, idx, "auto")
-    with pytest.raises(RuntimeError, match="16-byte alignment"):
-        torch.ops.mla_ext.sparse_decode_mla(q_odd, cache, idx, SOFTMAX_SCALE, "auto", None, None)
+    want = torch.ops.mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, "auto", None, None)
+    got = torch.ops.mla_ext.sparse_decode_mla(q_odd, cache, idx, SOFTMAX_SCALE, "auto", None, None)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    topk_length = torch.tensor([[60, 0], [100, 0]], dtype=torch.int32, device="cuda")[:, 0]
+    sink = torch.randn(16, 2, device="cuda")[:, 1]
+    assert not topk_length.is_contiguous() and not sink.is_contiguous()
+    _check(q, cache, idx, "auto", topk_length, sink)
+
+
+@pytest.mark.parametrize("case", sorted(SPARSE_CASES))
+def test_bad_input_gpu(case):
+    """The binding refuses what the reference path refuses, with the same message (RuntimeError)."""
+    change, message = SPARSE_CASES[case]
+    args = sparse_args("cuda")
+    args.update(change(args))
+    with pytest.raises(RuntimeError, match=r"mla_ext\.sparse_decode_mla: .*" + message):
+        mla_ext.sparse_decode_mla(**args)
+
+
+def test_default_format_is_auto():
+    """kv_cache_dtype defaults to 'auto' as in every op: a bf16 cache needs no format, a uint8
+    fp8_ds_mla cache is refused with a message naming the format to pass."""
+    q, cache, idx, _ = _case(2, 1, 16, 100, 64, "auto")
+    out, lse = mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE)
+    want = mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, "auto")
+    assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+    q, cache, idx, _ = _case(2, 1, 16, 100, 64, "fp8_ds_mla")
+    with pytest.raises(RuntimeError, match="pass kv_cache_dtype='fp8_ds_mla'"):
+        mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE)
 
 
 def test_checked_mode_gpu(monkeypatch):

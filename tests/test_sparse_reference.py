@@ -4,10 +4,10 @@ the index builders."""
 from __future__ import annotations
 
 import math
-import re
 
 import pytest
 import torch
+from bad_inputs import SPARSE_CASES, sparse_args
 
 import mla_ext
 from mla_ext import reference
@@ -163,29 +163,28 @@ def test_compressed_indices_cpu():
                           (positions, req, table, 16, 4, 5, torch.empty_like(indices), torch.empty_like(lengths)))
 
 
-@pytest.mark.parametrize(
-    "change, message",
-    [
-        (dict(q=torch.randn(1, 1, 4, 576)), "q must be bfloat16"),
-        (dict(q=torch.randn(1, 1, 4, 512, dtype=torch.bfloat16)), "q must be [b, s_q, h_q, 576]"),
-        (dict(q=torch.randn(1, 17, 4, 576, dtype=torch.bfloat16)), "s_q must be 1..16"),
-        (dict(indices=torch.zeros(1, 1, 8, dtype=torch.int64)), "indices must be int32"),
-        (dict(indices=torch.zeros(2, 1, 8, dtype=torch.int32)), "indices must be [b, s_q, topk]"),
-        (dict(kv_cache_dtype="fp8"), "'auto' (bf16) or 'fp8_ds_mla'"),
-        (dict(kv_cache_dtype="bf16"), "kv_cache_dtype must be one of"),
-        (dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.uint8)), "needs rows of 656 bytes"),
-        (dict(topk_length=torch.zeros(3, dtype=torch.int32)), "topk_length must be int32 [b]"),
-        (dict(attn_sink=torch.zeros(4, dtype=torch.float64)), "attn_sink must be float32"),
-        (dict(attn_sink=torch.zeros(5)), "attn_sink must be float32 [h_q]"),
-    ],
-)
-def test_bad_inputs(change, message):
-    args = dict(q=torch.randn(1, 1, 4, 576, dtype=torch.bfloat16), kv_cache=torch.zeros(4, 16, 656, dtype=torch.uint8),
-                indices=torch.zeros(1, 1, 8, dtype=torch.int32), softmax_scale=0.1, kv_cache_dtype="fp8_ds_mla",
-                topk_length=None, attn_sink=None)
-    args.update(change)
-    with pytest.raises(mla_ext.MlaInputError, match=r"mla_ext\.sparse_decode_mla: .*" + re.escape(message)):
+@pytest.mark.parametrize("case", sorted(SPARSE_CASES))
+def test_bad_inputs(case):
+    change, message = SPARSE_CASES[case]
+    args = sparse_args("cpu")
+    args.update(change(args))
+    with pytest.raises(mla_ext.MlaInputError, match=r"mla_ext\.sparse_decode_mla: .*" + message):
         mla_ext.sparse_decode_mla(**args)
+
+
+def test_default_format_is_auto():
+    """kv_cache_dtype defaults to 'auto' as in every op: a bf16 cache needs no format; a uint8
+    fp8_ds_mla cache is refused with a message naming the format to pass."""
+    cache, good, _ = make_cache(4, 16, "auto", "cpu", poison_frac=0.0)
+    q = torch.randn(2, 1, 3, 576, dtype=torch.bfloat16)
+    idx = good[torch.randint(good.numel(), (2, 1, 8))].to(torch.int32)
+    out, lse = mla_ext.sparse_decode_mla(q, cache, idx, 0.1)
+    ref = reference.sparse_decode_mla(q, cache, idx, 0.1, "auto")
+    assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])
+    ds_cache, _, _ = make_cache(4, 16, "fp8_ds_mla", "cpu", poison_frac=0.0)
+    with pytest.raises(RuntimeError, match=r"got uint8: a uint8 cache of 656-byte rows is fp8_ds_mla, "
+                                           r"pass kv_cache_dtype='fp8_ds_mla'"):
+        mla_ext.sparse_decode_mla(q, ds_cache, idx, 0.1)
 
 
 def test_bad_builder_inputs():
@@ -260,8 +259,10 @@ def test_topk_limit():
     q = torch.empty(1, 1, 4, 576, dtype=torch.bfloat16, device="meta")
     cache = torch.empty(4, 16, 656, dtype=torch.uint8, device="meta")
     with pytest.raises(mla_ext.MlaInputError, match=rf"topk \(indices.shape\[2\]\) must be <= {MAX_TOPK}, got {2**31}"):
-        mla_ext.sparse_decode_mla(q, cache, torch.empty(1, 1, 2**31, dtype=torch.int32, device="meta"), 0.1)
-    out, lse = mla_ext.sparse_decode_mla(q, cache, torch.empty(1, 1, MAX_TOPK, dtype=torch.int32, device="meta"), 0.1)
+        mla_ext.sparse_decode_mla(q, cache, torch.empty(1, 1, 2**31, dtype=torch.int32, device="meta"), 0.1,
+                                  "fp8_ds_mla")
+    out, lse = mla_ext.sparse_decode_mla(q, cache, torch.empty(1, 1, MAX_TOPK, dtype=torch.int32, device="meta"), 0.1,
+                                         "fp8_ds_mla")
     assert out.shape == (1, 1, 4, 512) and lse.shape == (1, 4, 1)
 
 

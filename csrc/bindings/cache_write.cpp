@@ -11,11 +11,9 @@ constexpr const char* kOp = "concat_and_cache_mla";
 void concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor kv_cache, Tensor slot_mapping,
                           std::string kv_cache_dtype, std::optional<Tensor> scale) {
   const CacheFormat format = parse_cache_format(kv_cache_dtype, kOp);
-  const int device = kv_cache.get_device_index();
-  check_cuda(kv_cache, "kv_cache", kOp, device);
-  check_cuda(kv_c, "kv_c", kOp, device);
-  check_cuda(k_pe, "k_pe", kOp, device);
-  check_cuda(slot_mapping, "slot_mapping", kOp, device);
+  const int device = check_same_cuda_device(
+      kOp, {{"kv_c", &kv_c}, {"k_pe", &k_pe}, {"kv_cache", &kv_cache}, {"slot_mapping", &slot_mapping},
+            {"scale", opt(scale)}});
 
   // kv_c [T, 512]; k_pe [T, 64] or [T, 1, 64].
   MLA_ARG_CHECK(kv_c.dim() == 2 && kv_c.size(1) == kKvLoraRank, kOp,
@@ -25,22 +23,24 @@ void concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor kv_cache, Tensor slot
   MLA_ARG_CHECK(k_pe_ok, kOp, "k_pe must be [num_tokens, 64] or [num_tokens, 1, 64], got " << shape_str(k_pe));
   MLA_ARG_CHECK(k_pe.size(0) == kv_c.size(0), kOp,
                 "kv_c and k_pe must have the same number of tokens, got " << kv_c.size(0) << " and " << k_pe.size(0));
-  MLA_ARG_CHECK(kv_c.stride(1) == 1, kOp, "kv_c's last dim must be contiguous (stride 1), got " << kv_c.stride(1));
-  MLA_ARG_CHECK(k_pe.stride(k_pe.dim() - 1) == 1, kOp, "k_pe's last dim must be contiguous (stride 1)");
   const ScalarType in_type = kv_c.scalar_type();
   MLA_ARG_CHECK(in_type == ScalarType::BFloat16 || in_type == ScalarType::Half, kOp,
                 "kv_c must be bfloat16 or float16, got " << scalar_type_name(in_type));
   MLA_ARG_CHECK(k_pe.scalar_type() == in_type, kOp,
                 "k_pe must have kv_c's dtype " << scalar_type_name(in_type) << ", got " << scalar_type_name(k_pe.scalar_type()));
+  MLA_ARG_CHECK(kv_c.stride(1) == 1, kOp,
+                "kv_c's last dim must be contiguous (stride 1), got strides " << strides_str(kv_c));
+  MLA_ARG_CHECK(k_pe.stride(k_pe.dim() - 1) == 1, kOp,
+                "k_pe's last dim must be contiguous (stride 1), got strides " << strides_str(k_pe));
 
-  MLA_ARG_CHECK(slot_mapping.scalar_type() == ScalarType::Long, kOp,
-                "slot_mapping must be int64, got " << scalar_type_name(slot_mapping.scalar_type()));
-  MLA_ARG_CHECK(slot_mapping.dim() == 1 && slot_mapping.stride(0) == 1, kOp,
-                "slot_mapping must be a contiguous 1-D tensor, got shape " << shape_str(slot_mapping));
+  check_index_dtype(slot_mapping, "slot_mapping", ScalarType::Long, kOp);
+  MLA_ARG_CHECK(slot_mapping.dim() == 1 && (slot_mapping.stride(0) == 1 || slot_mapping.size(0) <= 1), kOp,
+                "slot_mapping must be 1-D [num_tokens], contiguous, got " << shape_str(slot_mapping) << " strides "
+                                                                          << strides_str(slot_mapping));
   MLA_ARG_CHECK(slot_mapping.size(0) <= kv_c.size(0), kOp,
                 "slot_mapping has " << slot_mapping.size(0) << " entries but kv_c only " << kv_c.size(0) << " tokens");
 
-  const float* scale_ptr = check_kv_cache(kv_cache, format, kv_cache_dtype, in_type, "kv_c", scale, kOp, device);
+  const float* scale_ptr = check_kv_cache(kv_cache, format, kv_cache_dtype, in_type, "kv_c", scale, kOp);
   const int64_t cache_elem = element_size(kv_cache.scalar_type());
   const torch::stable::accelerator::DeviceGuard guard(device);
   CacheWriteParams params{};
@@ -59,7 +59,7 @@ void concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor kv_cache, Tensor slot
   params.input_dtype = to_dtype(in_type);
   params.format = format;
   params.stream = current_stream(device);
-  run_concat_and_cache_mla(params);
+  run_concat_and_cache_mla(params);  // no allocation, no sync: a kernel launch
 }
 
 }  // namespace

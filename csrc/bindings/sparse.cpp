@@ -20,70 +20,77 @@ void check_int32_param(int64_t value, const char* name, const char* op) {
   MLA_ARG_CHECK(value >= 1 && value <= INT32_MAX, op, name << " must be in [1, " << INT32_MAX << "], got " << value);
 }
 
-std::tuple<Tensor, Tensor> sparse_decode_mla(Tensor q, Tensor kv_cache, Tensor indices, double softmax_scale,
+// A contiguous `t` (1-D inputs and index lists the kernels read densely): `t` itself when it is,
+// else a copy (the slow path of a strided view; the wrappers do not copy).
+Tensor contiguous_or_copy(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
+
+std::tuple<Tensor, Tensor> sparse_decode_mla(Tensor q_in, Tensor kv_cache, Tensor indices, double softmax_scale,
                                              std::string kv_cache_dtype, std::optional<Tensor> topk_length,
                                              std::optional<Tensor> attn_sink) {
   const CacheFormat format = parse_cache_format(kv_cache_dtype, kDecodeOp);
   MLA_ARG_CHECK(format == CacheFormat::kAuto || format == CacheFormat::kFp8DsMla, kDecodeOp,
                 "kv_cache_dtype must be 'auto' (bf16) or 'fp8_ds_mla' for sparse decode, got '" << kv_cache_dtype << "'");
-  const int device = q.get_device_index();
-  check_cuda(q, "q", kDecodeOp, device);
-  check_cuda(kv_cache, "kv_cache", kDecodeOp, device);
-  check_cuda(indices, "indices", kDecodeOp, device);
+  const int device = check_same_cuda_device(
+      kDecodeOp, {{"q", &q_in}, {"kv_cache", &kv_cache}, {"indices", &indices}, {"topk_length", opt(topk_length)},
+                  {"attn_sink", opt(attn_sink)}});
 
-  // q [b, s_q, h_q, 576] bf16, 16-byte aligned rows (cp.async).
-  MLA_ARG_CHECK(q.dim() == 4 && q.size(3) == kLatentDim, kDecodeOp, "q must be [b, s_q, h_q, 576], got " << shape_str(q));
-  MLA_ARG_CHECK(q.scalar_type() == ScalarType::BFloat16, kDecodeOp,
-                "q must be bfloat16, got " << scalar_type_name(q.scalar_type()));
-  MLA_ARG_CHECK(q.stride(3) == 1 && q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0 && q.stride(2) % 8 == 0 &&
-                    aligned16(q.data_ptr()),
-                kDecodeOp, "q needs a contiguous last dim, strides that are multiples of 8 and 16-byte alignment");
-  const int64_t b = q.size(0), s_q = q.size(1), h_q = q.size(2);
+  // q [b, s_q, h_q, 576] bf16 (the kernels are bf16-only), 16-byte aligned rows (cp.async).
+  MLA_ARG_CHECK(q_in.dim() == 4 && q_in.size(3) == kLatentDim, kDecodeOp,
+                "q must be [b, s_q, h_q, 576], got " << shape_str(q_in));
+  const ScalarType q_type = q_in.scalar_type();
+  MLA_ARG_CHECK(q_type == ScalarType::BFloat16, kDecodeOp,
+                "q must be bfloat16, got " << scalar_type_name(q_type)
+                                           << (q_type == ScalarType::Half
+                                                   ? " (the sparse decode kernels take bfloat16 activations only: "
+                                                     "convert with q.to(torch.bfloat16))"
+                                                   : ""));
+  MLA_ARG_CHECK(q_in.stride(3) == 1, kDecodeOp,
+                "q's last dim must be contiguous (stride 1), got strides " << strides_str(q_in));
+  const int64_t b = q_in.size(0), s_q = q_in.size(1), h_q = q_in.size(2);
   MLA_ARG_CHECK(s_q >= 1 && s_q <= 16, kDecodeOp, "s_q must be 1..16, got " << s_q);
   MLA_ARG_CHECK(h_q >= 1, kDecodeOp, "h_q must be >= 1, got " << h_q);
 
   // kv_cache [num_blocks, block_size, row] (the formats were narrowed to auto / fp8_ds_mla above).
-  check_kv_cache(kv_cache, format, kv_cache_dtype, ScalarType::BFloat16, "q", std::nullopt, kDecodeOp, device);
+  check_kv_cache(kv_cache, format, kv_cache_dtype, ScalarType::BFloat16, "q", std::nullopt, kDecodeOp);
   const int64_t cache_elem = element_size(kv_cache.scalar_type());
-  MLA_ARG_CHECK(kv_cache.stride(2) == 1 && (kv_cache.stride(0) * cache_elem) % 16 == 0 &&
-                    (kv_cache.stride(1) * cache_elem) % 16 == 0 && aligned16(kv_cache.data_ptr()),
-                kDecodeOp, "kv_cache needs a contiguous last dim, 16-byte aligned block and token strides");
+  MLA_ARG_CHECK((kv_cache.stride(0) * cache_elem) % 16 == 0 && (kv_cache.stride(1) * cache_elem) % 16 == 0 &&
+                    mla::aligned16(kv_cache.data_ptr()),
+                kDecodeOp, "kv_cache must be 16-byte aligned with page and row strides that are multiples of 16 bytes, "
+                           "got strides " << strides_str(kv_cache));
 
   // indices [b, s_q, topk] int32, last dim contiguous.
-  MLA_ARG_CHECK(indices.scalar_type() == ScalarType::Int, kDecodeOp,
-                "indices must be int32, got " << scalar_type_name(indices.scalar_type()));
+  check_index_dtype(indices, "indices", ScalarType::Int, kDecodeOp);
   MLA_ARG_CHECK(indices.dim() == 3 && indices.size(0) == b && indices.size(1) == s_q && indices.size(2) >= 1, kDecodeOp,
                 "indices must be [b, s_q, topk] = [" << b << ", " << s_q << ", topk >= 1], got " << shape_str(indices));
-  MLA_ARG_CHECK(indices.stride(2) == 1, kDecodeOp, "indices' last dim must be contiguous");
   MLA_ARG_CHECK(indices.size(2) <= kSparseMaxTopk, kDecodeOp,
-                "topk (indices.size(2)) must be <= " << kSparseMaxTopk << ", got " << indices.size(2));
-  const int32_t* topk_length_ptr = nullptr;
+                "topk (indices.shape[2]) must be <= " << kSparseMaxTopk << ", got " << indices.size(2));
+  MLA_ARG_CHECK(indices.stride(2) == 1 || indices.size(2) == 1, kDecodeOp,
+                "indices' last dim must be contiguous (stride 1), got strides " << strides_str(indices));
+  std::optional<Tensor> topk_length_c, attn_sink_c;
   if (topk_length.has_value()) {
-    check_cuda(*topk_length, "topk_length", kDecodeOp, device);
-    MLA_ARG_CHECK(topk_length->scalar_type() == ScalarType::Int && topk_length->dim() == 1 && topk_length->size(0) == b &&
-                      topk_length->stride(0) == 1,
-                  kDecodeOp, "topk_length must be a contiguous int32 [b] = [" << b << "], got " << shape_str(*topk_length));
-    topk_length_ptr = static_cast<const int32_t*>(topk_length->data_ptr());
+    check_index_dtype(*topk_length, "topk_length", ScalarType::Int, kDecodeOp);
+    MLA_ARG_CHECK(topk_length->dim() == 1 && topk_length->size(0) == b, kDecodeOp,
+                  "topk_length must be int32 [b] = [" << b << "], got " << shape_str(*topk_length));
+    topk_length_c = contiguous_or_copy(*topk_length);
   }
-  const float* sink_ptr = nullptr;
   if (attn_sink.has_value()) {
-    check_cuda(*attn_sink, "attn_sink", kDecodeOp, device);
-    MLA_ARG_CHECK(attn_sink->scalar_type() == ScalarType::Float && attn_sink->dim() == 1 && attn_sink->size(0) == h_q &&
-                      attn_sink->stride(0) == 1,
-                  kDecodeOp, "attn_sink must be a contiguous float32 [h_q] = [" << h_q << "], got " << shape_str(*attn_sink));
-    sink_ptr = static_cast<const float*>(attn_sink->data_ptr());
+    MLA_ARG_CHECK(attn_sink->scalar_type() == ScalarType::Float && attn_sink->dim() == 1 && attn_sink->size(0) == h_q,
+                  kDecodeOp, "attn_sink must be float32 [h_q] = [" << h_q << "], got "
+                                 << scalar_type_name(attn_sink->scalar_type()) << " " << shape_str(*attn_sink));
+    attn_sink_c = contiguous_or_copy(*attn_sink);
   }
+  const Tensor q = aligned_or_copy(q_in, "q", kDecodeOp);
 
   const torch::stable::accelerator::DeviceGuard guard(device);
-  Tensor out = torch::stable::new_empty(q, std::vector<int64_t>{b, s_q, h_q, kKvLoraRank});
-  Tensor lse = torch::stable::new_empty(q, std::vector<int64_t>{b, h_q, s_q}, ScalarType::Float);
+  Tensor out = empty_cuda({b, s_q, h_q, kKvLoraRank}, ScalarType::BFloat16, device);
+  Tensor lse = empty_cuda({b, h_q, s_q}, ScalarType::Float, device);
 
   SparseDecodeParams params{};
   params.q = q.data_ptr();
   params.kv_cache = kv_cache.data_ptr();
   params.indices = static_cast<const int32_t*>(indices.data_ptr());
-  params.topk_length = topk_length_ptr;
-  params.attn_sink = sink_ptr;
+  params.topk_length = topk_length_c.has_value() ? static_cast<const int32_t*>(topk_length_c->data_ptr()) : nullptr;
+  params.attn_sink = attn_sink_c.has_value() ? static_cast<const float*>(attn_sink_c->data_ptr()) : nullptr;
   params.out = out.data_ptr();
   params.lse = static_cast<float*>(lse.data_ptr());
   params.batch = static_cast<int>(b);
@@ -103,36 +110,39 @@ std::tuple<Tensor, Tensor> sparse_decode_mla(Tensor q, Tensor kv_cache, Tensor i
   params.format = format;
   params.stream = current_stream(device);
   plan_sparse_decode(params, device);
-  // Split plan: per-split partials, merged by the combine (allocated through the caching
-  // allocator, so a captured graph keeps its own buffers).
-  std::optional<Tensor> partial_out, partial_lse;
+  // Split plan: per-split partials (o, then lse, in one allocation), merged by the combine.
+  // Through the caching allocator, so a captured graph keeps its own buffer.
+  std::optional<Tensor> partials;
   if (params.num_splits > 1) {
-    partial_out = torch::stable::new_empty(q, std::vector<int64_t>{params.num_splits, b * s_q, h_q, kKvLoraRank},
-                                           ScalarType::Float);
-    partial_lse = torch::stable::new_empty(q, std::vector<int64_t>{params.num_splits, b * s_q, h_q}, ScalarType::Float);
-    params.partial_out = static_cast<float*>(partial_out->data_ptr());
-    params.partial_lse = static_cast<float*>(partial_lse->data_ptr());
+    const int64_t rows = params.num_splits * b * s_q * h_q;
+    partials = empty_cuda({rows * (kKvLoraRank + 1)}, ScalarType::Float, device);
+    params.partial_out = static_cast<float*>(partials->data_ptr());
+    params.partial_lse = params.partial_out + rows * kKvLoraRank;
   }
   run_sparse_decode_mla(params, device);
   return {out, lse};
 }
 
-void sparse_indices_to_slots(Tensor local_indices, Tensor block_table, int64_t block_size, Tensor slots) {
-  const int device = local_indices.get_device_index();
-  check_cuda(local_indices, "local_indices", kSlotsOp, device);
-  check_cuda(block_table, "block_table", kSlotsOp, device);
-  check_cuda(slots, "slots", kSlotsOp, device);
+void sparse_indices_to_slots(Tensor local_indices_in, Tensor block_table, int64_t block_size, Tensor slots) {
+  const int device = check_same_cuda_device(
+      kSlotsOp, {{"local_indices", &local_indices_in}, {"block_table", &block_table}, {"slots", &slots}});
   check_int32_param(block_size, "block_size", kSlotsOp);
-  MLA_ARG_CHECK(local_indices.scalar_type() == ScalarType::Int && local_indices.dim() == 3 && local_indices.is_contiguous(),
-                kSlotsOp, "local_indices must be a contiguous int32 [b, s_q, topk], got " << shape_str(local_indices));
-  MLA_ARG_CHECK(block_table.scalar_type() == ScalarType::Int && block_table.dim() == 2 && block_table.stride(1) == 1 &&
-                    block_table.size(0) == local_indices.size(0),
-                kSlotsOp, "block_table must be int32 [b, max_blocks] with b = " << local_indices.size(0) << ", got "
-                                                                                 << shape_str(block_table));
+  check_index_dtype(local_indices_in, "local_indices", ScalarType::Int, kSlotsOp);
+  MLA_ARG_CHECK(local_indices_in.dim() == 3, kSlotsOp,
+                "local_indices must be [b, s_q, topk], got " << shape_str(local_indices_in));
+  check_index_dtype(block_table, "block_table", ScalarType::Int, kSlotsOp);
+  MLA_ARG_CHECK(block_table.dim() == 2 && (block_table.stride(1) == 1 || block_table.size(1) <= 1) &&
+                    block_table.size(0) == local_indices_in.size(0),
+                kSlotsOp, "block_table must be [b, max_blocks] with b = " << local_indices_in.size(0)
+                                                                          << " and a contiguous last dim, got "
+                                                                          << shape_str(block_table));
   MLA_ARG_CHECK(slots.scalar_type() == ScalarType::Int && slots.is_contiguous() && slots.dim() == 3 &&
-                    slots.size(0) == local_indices.size(0) && slots.size(1) == local_indices.size(1) &&
-                    slots.size(2) == local_indices.size(2),
-                kSlotsOp, "slots must be a contiguous int32 tensor shaped like local_indices, got " << shape_str(slots));
+                    slots.size(0) == local_indices_in.size(0) && slots.size(1) == local_indices_in.size(1) &&
+                    slots.size(2) == local_indices_in.size(2),
+                kSlotsOp, "slots must be a contiguous int32 tensor of local_indices' shape "
+                              << shape_str(local_indices_in) << ", got " << scalar_type_name(slots.scalar_type()) << " "
+                              << shape_str(slots));
+  const Tensor local_indices = contiguous_or_copy(local_indices_in);
   const torch::stable::accelerator::DeviceGuard guard(device);
   SparseIndicesToSlotsParams params{};
   params.local_indices = static_cast<const int32_t*>(local_indices.data_ptr());
@@ -147,33 +157,35 @@ void sparse_indices_to_slots(Tensor local_indices, Tensor block_table, int64_t b
   run_sparse_indices_to_slots(params);
 }
 
-void sparse_compressed_indices(Tensor positions, Tensor token_to_req, Tensor block_table, int64_t block_size,
+void sparse_compressed_indices(Tensor positions_in, Tensor token_to_req_in, Tensor block_table, int64_t block_size,
                                int64_t compress_ratio, int64_t num_decode_tokens, Tensor indices, Tensor lengths) {
-  const int device = positions.get_device_index();
-  check_cuda(positions, "positions", kCompressedOp, device);
-  check_cuda(token_to_req, "token_to_req", kCompressedOp, device);
-  check_cuda(block_table, "block_table", kCompressedOp, device);
-  check_cuda(indices, "indices", kCompressedOp, device);
-  check_cuda(lengths, "lengths", kCompressedOp, device);
+  const int device = check_same_cuda_device(
+      kCompressedOp, {{"positions", &positions_in}, {"token_to_req", &token_to_req_in}, {"block_table", &block_table},
+                      {"indices", &indices}, {"lengths", &lengths}});
   check_int32_param(block_size, "block_size", kCompressedOp);
   check_int32_param(compress_ratio, "compress_ratio", kCompressedOp);
-  MLA_ARG_CHECK(positions.scalar_type() == ScalarType::Long && positions.dim() == 1 && positions.stride(0) == 1,
-                kCompressedOp, "positions must be a contiguous int64 [T], got " << shape_str(positions));
-  const int64_t num_tokens = positions.size(0);
-  MLA_ARG_CHECK(token_to_req.scalar_type() == ScalarType::Int && token_to_req.dim() == 1 &&
-                    token_to_req.size(0) == num_tokens && token_to_req.stride(0) == 1,
-                kCompressedOp, "token_to_req must be a contiguous int32 [T] = [" << num_tokens << "]");
-  MLA_ARG_CHECK(block_table.scalar_type() == ScalarType::Int && block_table.dim() == 2 && block_table.stride(1) == 1,
-                kCompressedOp, "block_table must be int32 [num_requests, max_blocks], got " << shape_str(block_table));
+  check_index_dtype(positions_in, "positions", ScalarType::Long, kCompressedOp);
+  MLA_ARG_CHECK(positions_in.dim() == 1, kCompressedOp, "positions must be [T], got " << shape_str(positions_in));
+  const int64_t num_tokens = positions_in.size(0);
+  check_index_dtype(token_to_req_in, "token_to_req", ScalarType::Int, kCompressedOp);
+  MLA_ARG_CHECK(token_to_req_in.dim() == 1 && token_to_req_in.size(0) == num_tokens, kCompressedOp,
+                "token_to_req must be [T] = [" << num_tokens << "], got " << shape_str(token_to_req_in));
+  check_index_dtype(block_table, "block_table", ScalarType::Int, kCompressedOp);
+  MLA_ARG_CHECK(block_table.dim() == 2 && (block_table.stride(1) == 1 || block_table.size(1) <= 1), kCompressedOp,
+                "block_table must be [num_requests, max_blocks] with a contiguous last dim, got "
+                    << shape_str(block_table));
   MLA_ARG_CHECK(indices.scalar_type() == ScalarType::Int && indices.dim() == 2 && indices.size(0) == num_tokens &&
                     indices.stride(1) == 1 && indices.size(1) > 0 && indices.size(1) % 128 == 0,
-                kCompressedOp, "indices must be int32 [T, width] with width a positive multiple of 128, got "
-                                   << shape_str(indices));
+                kCompressedOp, "indices must be int32 [T, width] with width a positive multiple of 128 and a "
+                               "contiguous last dim, got "
+                                   << scalar_type_name(indices.scalar_type()) << " " << shape_str(indices));
   MLA_ARG_CHECK(lengths.scalar_type() == ScalarType::Int && lengths.dim() == 1 && lengths.size(0) == num_tokens &&
-                    lengths.stride(0) == 1,
-                kCompressedOp, "lengths must be a contiguous int32 [T] = [" << num_tokens << "]");
+                    (lengths.stride(0) == 1 || num_tokens <= 1),
+                kCompressedOp, "lengths must be a contiguous int32 [T] = [" << num_tokens << "], got "
+                                   << scalar_type_name(lengths.scalar_type()) << " " << shape_str(lengths));
   MLA_ARG_CHECK(num_decode_tokens >= 0 && num_decode_tokens <= num_tokens, kCompressedOp,
                 "num_decode_tokens must be in [0, " << num_tokens << "], got " << num_decode_tokens);
+  const Tensor positions = contiguous_or_copy(positions_in), token_to_req = contiguous_or_copy(token_to_req_in);
   const torch::stable::accelerator::DeviceGuard guard(device);
   SparseCompressedIndicesParams params{};
   params.positions = static_cast<const int64_t*>(positions.data_ptr());

@@ -1,6 +1,12 @@
 // Helpers for the binding layer: the only place that sees the torch stable API. Each op's
-// binding validates its inputs (naming the argument and what was expected), fills the kernel's
-// params struct and calls its launcher.
+// binding validates its inputs (naming the argument, what was expected and what it got), fills
+// the kernel's params struct and calls its launcher.
+//
+// On CUDA the bindings are the only validation: the Python wrappers call the ops directly (the
+// CPU implementations and the fakes validate in Python, with the same messages), so every check
+// here must say what is wrong in words a caller of mla_ext.<op> understands. Every accessor of
+// torch::stable::Tensor is a call through the C shim, and every torch::stable op a boxed
+// dispatcher call found by name: read metadata once, allocate through empty_cuda.
 #pragma once
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
@@ -12,10 +18,12 @@
 
 #include <cuda_runtime.h>
 
+#include <initializer_list>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "common/types.h"
 
@@ -25,7 +33,7 @@ using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
 // Throws std::runtime_error("mla_ext.<op>: <message>") when cond is false; torch turns it into
-// a Python RuntimeError.
+// a Python RuntimeError (mla_ext.MlaInputError, raised by the CPU and fake paths, is one too).
 #define MLA_ARG_CHECK(cond, op, ...)                                           \
   do {                                                                         \
     if (!(cond)) {                                                             \
@@ -43,15 +51,28 @@ inline std::string shape_str(const Tensor& t) {
   return s.str();
 }
 
+inline std::string strides_str(const Tensor& t) {
+  std::ostringstream s;
+  s << "(";
+  for (int64_t i = 0; i < t.dim(); ++i) s << (i ? ", " : "") << t.stride(i);
+  s << (t.dim() == 1 ? ",)" : ")");
+  return s.str();
+}
+
 inline const char* scalar_type_name(ScalarType t) {
   switch (t) {
     case ScalarType::BFloat16: return "bfloat16";
     case ScalarType::Half: return "float16";
     case ScalarType::Float: return "float32";
+    case ScalarType::Double: return "float64";
     case ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
+    case ScalarType::Float8_e5m2: return "float8_e5m2";
     case ScalarType::Byte: return "uint8";
+    case ScalarType::Char: return "int8";
+    case ScalarType::Short: return "int16";
     case ScalarType::Int: return "int32";
     case ScalarType::Long: return "int64";
+    case ScalarType::Bool: return "bool";
     default: return "an unsupported dtype";
   }
 }
@@ -86,45 +107,151 @@ inline CacheFormat parse_cache_format(std::string_view s, const char* op) {
   return CacheFormat::kAuto;
 }
 
-inline void check_cuda(const Tensor& t, const char* name, const char* op, int device) {
-  MLA_ARG_CHECK(t.is_cuda(), op, name << " must be a CUDA tensor (all inputs on one GPU)");
-  MLA_ARG_CHECK(t.get_device_index() == device, op,
-                name << " is on cuda:" << t.get_device_index() << " but the other inputs are on cuda:" << device);
+// ---- devices ---------------------------------------------------------------------------------
+
+inline std::string device_str(const Tensor& t) {
+  if (t.is_cuda()) return "cuda:" + std::to_string(t.get_device_index());
+  if (t.is_cpu()) return "cpu";
+  return "a device that is neither CPU nor CUDA";
 }
+
+// One named input of an op; `tensor` may be null (an absent optional input, skipped).
+using NamedTensor = std::pair<const char*, const Tensor*>;
+
+inline const Tensor* opt(const std::optional<Tensor>& t) { return t.has_value() ? &*t : nullptr; }
+
+// All present tensors on one CUDA device; returns its index. The message is the Python
+// wrappers' (check_same_device in mla_ext/_validate.py): it names two of them and where they are.
+inline int check_same_cuda_device(const char* op, std::initializer_list<NamedTensor> tensors) {
+  const NamedTensor* first = nullptr;
+  int device = -1;
+  for (const NamedTensor& t : tensors) {
+    if (t.second != nullptr && t.second->is_cuda()) {
+      first = &t;
+      device = t.second->get_device_index();
+      break;
+    }
+  }
+  MLA_ARG_CHECK(first != nullptr, op, "the CUDA implementation got no CUDA tensor");
+  for (const NamedTensor& t : tensors) {
+    if (t.second == nullptr) continue;
+    MLA_ARG_CHECK(t.second->is_cuda() && t.second->get_device_index() == device, op,
+                  "all tensors must be on one device: " << first->first << " is on cuda:" << device << ", "
+                                                        << t.first << " is on " << device_str(*t.second));
+  }
+  return device;
+}
+
+// ---- dtypes, shapes, strides -----------------------------------------------------------------
+
+// Index tensors have one integer type each (block_table, seq_lens, indices, topk_length: int32;
+// slot_mapping, positions: int64): the kernels read them as they are, and converting per call
+// would be a kernel launch per layer. The message says how to convert once per step.
+inline void check_index_dtype(const Tensor& t, const char* name, ScalarType want, const char* op) {
+  const ScalarType got = t.scalar_type();
+  MLA_ARG_CHECK(got == want, op,
+                name << " must be " << scalar_type_name(want) << ", got " << scalar_type_name(got)
+                     << ": convert once per step with " << name << ".to(torch."
+                     << scalar_type_name(want) << ")");
+}
+
+// Outputs written by many CTAs must not alias themselves: no zero stride on a dim of size > 1
+// (an expanded view).
+inline void check_no_zero_strides(const Tensor& t, const char* name, const char* op) {
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    MLA_ARG_CHECK(t.stride(d) != 0 || t.size(d) <= 1, op,
+                  name << " must not have zero strides (an expanded view), got strides " << strides_str(t));
+  }
+}
+
+// The kernels move 16-byte pieces: the base and every outer stride (of a dim of size > 1) must
+// be 16-byte aligned.
+inline bool aligned16(const Tensor& t) {
+  if (!mla::aligned16(t.data_ptr())) return false;
+  const int64_t elem = element_size(t.scalar_type());
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
+    if ((t.stride(d) * elem) % 16 != 0 && t.size(d) > 1) return false;
+  }
+  return true;
+}
+
+// `t` when aligned16, else a fresh copy (the slow path of views that start or step off a
+// 16-byte boundary, e.g. q[..., 1:577] or a contiguous view at element 1; every kernel row is a
+// multiple of 16 bytes, so a dense copy is aligned). Not contiguous(): that returns an already
+// contiguous but misaligned view unchanged.
+inline Tensor aligned_or_copy(const Tensor& t, const char* name, const char* op) {
+  if (aligned16(t)) return t;
+  Tensor copy = torch::stable::clone(t);
+  MLA_ARG_CHECK(aligned16(copy), op, name << " " << shape_str(t) << " could not be copied to 16-byte aligned rows");
+  return copy;
+}
+
+// An uninitialised contiguous CUDA tensor, through the C shim's empty_strided: one call into
+// at::empty_strided (the caching allocator, CUDA-graph aware), not a boxed dispatcher call of
+// aten::new_empty found by name (a few microseconds per allocation on the host).
+inline Tensor empty_cuda(std::initializer_list<int64_t> sizes, ScalarType dtype, int device) {
+  int64_t shape[8], strides[8];
+  const int64_t ndim = static_cast<int64_t>(sizes.size());
+  int64_t i = 0;
+  for (int64_t s : sizes) shape[i++] = s;
+  int64_t stride = 1;
+  for (int64_t d = ndim - 1; d >= 0; --d) {
+    strides[d] = stride;
+    stride *= shape[d] > 1 ? shape[d] : 1;
+  }
+  const int32_t aoti_dtype = torch::stable::detail::to<int32_t>(torch::stable::detail::from(dtype));
+  AtenTensorHandle handle = nullptr;
+  if (aoti_torch_empty_strided(ndim, shape, strides, aoti_dtype, aoti_torch_device_type_cuda(), device, &handle) !=
+      AOTI_TORCH_SUCCESS) {
+    throw std::runtime_error("mla_ext: could not allocate a CUDA tensor (out of memory?)");
+  }
+  return Tensor(handle);
+}
+
+// ---- the cache -------------------------------------------------------------------------------
 
 // kv_cache [num_blocks, block_size, row] in `format` (DESIGN.md §2): 3-D with a contiguous last
 // dim, the format's element type and row width, and for fp8 a float32 scale of one element on
-// the same device. 'auto' stores `auto_dtype` (the activations' dtype, of the tensor named
-// `auto_dtype_of`). Returns the fp8 scale's device pointer, nullptr for the other formats.
-// The C++ twin of check_kv_cache_rows in mla_ext/_validate.py.
+// the same device (the caller checked devices). 'auto' stores `auto_dtype` (the activations'
+// dtype, of the tensor named `auto_dtype_of`). Returns the fp8 scale's device pointer, nullptr
+// for the other formats. The C++ twin of check_kv_cache_rows in mla_ext/_validate.py.
 inline const float* check_kv_cache(const Tensor& kv_cache, CacheFormat format, std::string_view kv_cache_dtype,
                                    ScalarType auto_dtype, const char* auto_dtype_of,
-                                   const std::optional<Tensor>& scale, const char* op, int device) {
+                                   const std::optional<Tensor>& scale, const char* op) {
   MLA_ARG_CHECK(kv_cache.dim() == 3, op, "kv_cache must be [num_blocks, block_size, row], got " << shape_str(kv_cache));
-  MLA_ARG_CHECK(kv_cache.stride(2) == 1, op, "kv_cache's last dim must be contiguous (stride 1)");
+  MLA_ARG_CHECK(kv_cache.stride(2) == 1, op,
+                "kv_cache's last dim must be contiguous (stride 1), got strides " << strides_str(kv_cache));
   const ScalarType cache_type = kv_cache.scalar_type();
   if (format == CacheFormat::kAuto) {
+    // An fp8 cache passed without its format: say which one its rows look like.
+    const bool bytes = cache_type == ScalarType::Byte || cache_type == ScalarType::Float8_e4m3fn;
+    const char* hint = "";
+    if (bytes && kv_cache.size(2) == kDsMlaRowBytes) {
+      hint = ": a uint8 cache of 656-byte rows is fp8_ds_mla, pass kv_cache_dtype='fp8_ds_mla'";
+    } else if (bytes) {
+      hint = ": an 8-bit cache of 576-byte rows is fp8, pass kv_cache_dtype='fp8' and its scale";
+    }
     MLA_ARG_CHECK(cache_type == auto_dtype, op,
                   "kv_cache_dtype='auto' needs a kv_cache of " << auto_dtype_of << "'s dtype " << scalar_type_name(auto_dtype)
-                                                               << ", got " << scalar_type_name(cache_type));
+                                                               << ", got " << scalar_type_name(cache_type) << hint);
     MLA_ARG_CHECK(kv_cache.size(2) == kLatentDim, op,
                   "kv_cache_dtype='auto' needs rows of 576 elements, got kv_cache " << shape_str(kv_cache));
     return nullptr;
   }
   if (format == CacheFormat::kFp8DsMla) {
     MLA_ARG_CHECK(cache_type == ScalarType::Byte, op,
-                  "kv_cache_dtype='fp8_ds_mla' needs a uint8 kv_cache, got " << scalar_type_name(cache_type));
+                  "kv_cache must be uint8 for kv_cache_dtype='fp8_ds_mla', got " << scalar_type_name(cache_type));
     MLA_ARG_CHECK(kv_cache.size(2) == kDsMlaRowBytes, op,
                   "kv_cache_dtype='fp8_ds_mla' needs rows of 656 bytes, got kv_cache " << shape_str(kv_cache));
     return nullptr;
   }
   MLA_ARG_CHECK(cache_type == ScalarType::Byte || cache_type == ScalarType::Float8_e4m3fn, op,
-                "kv_cache_dtype='" << kv_cache_dtype << "' needs a uint8 or float8_e4m3fn kv_cache, got "
-                                   << scalar_type_name(cache_type));
+                "kv_cache must be uint8 or float8_e4m3fn for kv_cache_dtype='" << kv_cache_dtype << "', got "
+                                                                             << scalar_type_name(cache_type));
   MLA_ARG_CHECK(kv_cache.size(2) == kLatentDim, op,
                 "kv_cache_dtype='" << kv_cache_dtype << "' needs rows of 576 bytes, got kv_cache " << shape_str(kv_cache));
-  MLA_ARG_CHECK(scale.has_value(), op, "kv_cache_dtype='" << kv_cache_dtype << "' needs scale (fp32 tensor of 1 element)");
-  check_cuda(*scale, "scale", op, device);
+  MLA_ARG_CHECK(scale.has_value(), op,
+                "kv_cache_dtype='" << kv_cache_dtype << "' needs scale (float32 tensor of 1 element)");
   MLA_ARG_CHECK(scale->scalar_type() == ScalarType::Float && scale->numel() == 1, op,
                 "scale must be a float32 tensor with one element, got " << scalar_type_name(scale->scalar_type()) << " "
                                                                         << shape_str(*scale));

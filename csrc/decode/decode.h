@@ -26,7 +26,7 @@ namespace mla::decode {
 inline constexpr int kBlockN = 64;          // keys per tile: the planner's and kernels' work unit
 inline constexpr int kScheduleFields = 8;   // int32 per part, see ScheduleField
 inline constexpr int kSplitInfoFields = 2;  // int32 per request: num_splits, partial_base
-inline constexpr int kPlanOverheadTiles = 5;  // cost of one (request, part) piece beyond its tiles
+inline constexpr int kPlanOverheadTiles = 5;  // planner's cost of a request beyond its tiles, in tiles
 inline constexpr float kLn2 = 0.693147180559945309f;  // lse out = log2-domain lse * ln 2
 // 64-key tiles covering `len` keys, without the int32 overflow of (len + 63) / 64 near 2^31.
 __host__ __device__ constexpr int key_tiles(int len) { return len / kBlockN + (len % kBlockN != 0); }
@@ -49,16 +49,28 @@ int num_parts_for(int num_sms, int s_q, int h_q, CacheFormat format);
 // for b requests: each part ends with at most one cut, and each split request has one more piece
 // than cuts.
 inline int64_t max_partials_for(int64_t num_parts, int64_t b) { return num_parts + (b < num_parts ? b : num_parts); }
+// The split kernels' fp32 workspace for a plan of num_parts parts, b requests and num_rows = s_q *
+// h_q query rows: partial o [max_partials, num_rows, 512], then partial lse [max_partials,
+// num_rows]. mla_ext.get_decode_plan allocates it once per step with the schedule, shaped
+// [max_partials, s_q, h_q, 513] so that the binding can check a call's geometry against it; every
+// layer's decode call of that step reuses it (they run in stream order, each combine reading it
+// before the next layer's split kernel writes it).
+inline int64_t workspace_floats(int64_t num_parts, int64_t b, int64_t num_rows) {
+  return max_partials_for(num_parts, b) * num_rows * (kKvLoraRank + 1);
+}
 
 struct PlanParams {
   const int32_t* __restrict__ seq_lens;  // [b] int32 (negative = 0)
   int32_t* __restrict__ schedule;        // [num_parts, kScheduleFields] int32, written
   int32_t* __restrict__ split_info;      // [b, kSplitInfoFields] int32, written
-  int b;
-  int num_parts;                         // num_parts_for(num_sms, s_q, h_q, format)
+  int b;                                 // 1 .. kPlanMaxBatch
+  int num_parts;                         // num_parts_for(num_sms, s_q, h_q, format), <= kPlanMaxParts
   cudaStream_t stream;
 };
+inline constexpr int kPlanMaxBatch = 65535;  // the split kernels' and combine's grids
+inline constexpr int kPlanMaxParts = 4096;
 
+// One small kernel (one CTA), no host sync, CUDA-graph capturable; see plan/plan.cu.
 void run_decode_plan(const PlanParams& params);
 
 struct DecodeParams {
