@@ -15,6 +15,8 @@ schema change shows up as "not run: ..." on that row, not as a wrong call.
 
 from __future__ import annotations
 
+import statistics
+
 import torch
 
 from ..absorb import prepare_absorb_weights, q_absorb, v_up
@@ -142,19 +144,28 @@ def plan_gpu_us() -> dict[int, float]:
 
 def bench(calls: int = 3000, loops: int = 5) -> list[dict]:
     """Rows ``{"op", "us_per_call"}`` in OPS order; a row that could not run has us_per_call None
-    and a "note" saying why."""
+    and a "note" saying why. The ops' loops are interleaved (loop i of every op, then loop i + 1),
+    so that a drift of the machine's speed during the run moves all of them alike; each row is the
+    median of its loops."""
     inputs = _inputs()
     builders = _calls(inputs)
-    rows = []
+    fns, notes = {}, {}
     for op in OPS[:-1]:
         try:
-            fn = builders[op]()
-            fn()
-            us = host_us_per_call(fn, calls=calls, loops=loops)
-            rows.append({"op": op, "us_per_call": round(us, 2)})
+            fns[op] = builders[op]()
+            fns[op]()
         except Exception as e:  # one op that cannot run (no peer, a changed schema) must not stop the rest
-            note = str(e).splitlines()[0] if str(e) else type(e).__name__
-            rows.append({"op": op, "us_per_call": None, "note": note})
+            notes[op] = str(e).splitlines()[0] if str(e) else type(e).__name__
+    samples = {op: [] for op in fns}
+    for _ in range(loops):
+        for op, fn in fns.items():
+            samples[op].append(host_us_per_call(fn, calls=calls, loops=1))
+    rows = []
+    for op in OPS[:-1]:
+        if op in samples:
+            rows.append({"op": op, "us_per_call": round(statistics.median(samples[op]), 2)})
+        else:
+            rows.append({"op": op, "us_per_call": None, "note": notes[op]})
         print(f"{op:40s} {rows[-1]['us_per_call'] if rows[-1]['us_per_call'] is not None else '—':>8} us"
               + (f"  ({rows[-1]['note']})" if "note" in rows[-1] else ""), flush=True)
     plan = plan_gpu_us()
@@ -201,7 +212,7 @@ def table(rows: list[dict]) -> str:
 
 NOTES = (
     "Host microseconds per call: 3,000 calls in a loop on tiny shapes, GPU idle before and waited for after, "
-    "time.perf_counter around the loop, median of 5 loops. Shapes: decode b 4, h_q 16, s_q 1, 256 tokens, page "
+    "time.perf_counter around the loop, median of 5 loops, the ops' loops interleaved. Shapes: decode b 4, h_q 16, s_q 1, 256 tokens, page "
     "64, bf16 cache (FlashMLA's metadata and mla_ext's plan made once before the loop); sparse b 4, h_q 16, topk "
     "128, fp8_ds_mla; cache write T 4, bf16 cache; q_absorb and v_up T 4, H 16, bf16 weights. The torch.ops rows "
     "call the registered ops directly (what the wrappers call after their checks). decode_plan_gpu: GPU time of "
