@@ -71,6 +71,9 @@ def _gencode_flags() -> list[str]:
     for arch in archs:
         if not arch[:2].isdigit():
             raise RuntimeError(f"mla_ext: MLA_EXT_CUDA_ARCHS entry {arch!r} is not like '90a'")
+        if int("".join(c for c in arch if c.isdigit())) < 90:
+            raise RuntimeError(f"mla_ext: MLA_EXT_CUDA_ARCHS entry {arch!r}: the kernels need sm90 or newer "
+                               "(mbarrier transaction counts, bulk copies, 227 KB of shared memory)")
         flags.append(f"-gencode=arch=compute_{arch},code=sm_{arch}")
     # Portable PTX of the newest target (without the arch-specific 'a' features, which do not
     # carry forward), so a future GPU can JIT it.

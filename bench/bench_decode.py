@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         return rc
 
     from mla_ext.bench import decode, flashmla_peer
-    from mla_ext.bench.harness import measure_roofline, resolve_commit, write_results
+    from mla_ext.bench.harness import finish_vs_peer, measure_roofline
 
     print(f"peer: {flashmla_peer.load(args.flashmla)}")
     if flashmla_peer.available() and not flashmla_peer.supports("dense"):
@@ -54,21 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         print(f"no case matches --only {args.only!r}")
         return 1
-    table = decode.table(rows)
-    summary = decode.summary(rows)
-    if args.json:
-        name = "decode_portable" if args.portable else "decode_vs_flashmla"
-        notes = decode.NOTES + ("\n\nmla_ext ran its portable kernels (force_portable=True), as on sm100."
-                                if args.portable else "")
-        paths = write_results(name, rows, roofline, args.json, commit=resolve_commit(args.commit),
-                              peer=flashmla_peer.describe("dense"), table=table, notes=notes,
-                              title=f"{name}: decode_mla against {flashmla_peer.NAME}")
-        print("wrote", *paths)
-    print()
-    print(table)
-    if summary:
-        print(summary)
-    return 1 if any("check_failed" in r for r in rows) else 0
+    return finish_vs_peer(args, "decode", "dense", rows, decode.table(rows), decode.summary(rows), decode.NOTES,
+                          roofline)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         return rc
 
     from mla_ext.bench import flashmla_peer, sparse
-    from mla_ext.bench.harness import measure_roofline, resolve_commit, write_results
+    from mla_ext.bench.harness import finish_vs_peer, measure_roofline
 
     print(f"peer: {flashmla_peer.load(args.flashmla)}")
     if flashmla_peer.available() and not flashmla_peer.supports("sparse"):
@@ -56,21 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         print(f"no case matches --only {args.only!r}")
         return 1
-    table = sparse.table(rows)
-    summary = sparse.summary(rows)
-    if args.json:
-        name = "sparse_portable" if args.portable else "sparse_vs_flashmla"
-        notes = sparse.NOTES + ("\n\nmla_ext ran its portable kernels (MLA_EXT_FORCE_PORTABLE=1), as on sm100."
-                                if args.portable else "")
-        paths = write_results(name, rows, roofline, args.json, commit=resolve_commit(args.commit),
-                              peer=flashmla_peer.describe("sparse"), table=table, notes=notes,
-                              title=f"{name}: sparse_decode_mla against {flashmla_peer.NAME}")
-        print("wrote", *paths)
-    print()
-    print(table)
-    if summary:
-        print(summary)
-    return 1 if any("check_failed" in r for r in rows) else 0
+    return finish_vs_peer(args, "sparse", "sparse", rows, sparse.table(rows), sparse.summary(rows), sparse.NOTES,
+                          roofline)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# The one script run on the GPU machine, from a checkout with the built library in mla_ext/.
+# Every GPU check and benchmark, from a checkout with the built library in mla_ext/, on a GPU.
 #
 #   bash bench/gpu_check.sh [checks|bench|all] [--out DIR] [--logs DIR] [--commit C] [--flashmla DIR]
 #
 # checks  every GPU test, then compute-sanitizer on the small cases: memcheck (every op), racecheck
 #         and synccheck (the attention kernels, also with MLA_EXT_FORCE_PORTABLE=1: the portable
 #         kernels, what sm100 runs).
-# bench   builds the FlashMLA peer in the background as the script starts (third_party_peers/ holds
-#         build_flashmla.sh and its tarball, copied from the shared peers folder; never committed),
+# bench   builds the FlashMLA peer in the background as the script starts (third_party_peers/, a
+#         git-ignored folder, holds build_flashmla.sh and FlashMLA's source archive; never committed),
 #         waits for it, then runs every benchmark, each writing <name>.json and <name>.md into --out.
-# all     both (the default); the FlashMLA build overlaps the checks. Where one command may run
-#         for 10 minutes at most, run checks and bench as two calls.
+# all     both (the default); the FlashMLA build overlaps the checks. checks takes ~5 minutes on an
+#         H200 (the sanitizers dominate), bench ~2 more.
 #
 #   --out DIR       where the results go (default bench/results)
 #   --logs DIR      outputs of the tests, sanitizers, FlashMLA build and benchmarks (default: a new

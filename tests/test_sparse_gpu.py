@@ -8,7 +8,7 @@ warps. Forced portable (what sm100 runs), and every bf16 cache and 32-head tile:
 kernels (fp8_ds_mla 16 heads: e4m3 fragments, cp.async gathers by 4 copy warps; 64 heads: V read
 from the staging rows). The other portable configurations (the dequantising fp8_ds_mla 16-head
 kernel, one-stage pipelines, gathers by the compute warps) are fallbacks for GPUs with less shared
-memory per block than an H200 has: no input reaches them there, so no test here runs them.
+memory per block than an H200 has: no input reaches them on an H200, so no test runs them there.
 
 The top-k list is split over several CTAs (partials + the split combine) only when the batch's
 b * s_q * ceil(h_q / tile) CTAs leave SMs idle: small batches split, large ones do not ("split" and

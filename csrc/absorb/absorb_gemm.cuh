@@ -18,6 +18,7 @@
 
 #include <cuda_bf16.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "absorb/absorb_common.cuh"
@@ -241,23 +242,24 @@ __global__ void __launch_bounds__(Cfg::kThreads) absorb_gemm_kernel(const __grid
 template <class Cfg>
 void launch_absorb_gemm(const AbsorbParams& p) {
   auto kernel = absorb_gemm_kernel<Cfg>;
-  // Opt in to > 48 KiB of shared memory, and ask how many CTAs fit on an SM, once per device.
+  // Opt in to > 48 KiB of shared memory, and ask how many CTAs fit on an SM, once per device
+  // (racing first calls ask twice and store the same answer).
   constexpr int kMaxDevices = 64;
-  static int ctas_per_sm[kMaxDevices] = {};
+  static std::atomic<int> ctas_per_sm_of[kMaxDevices] = {};
   MLA_HOST_CHECK(p.device >= 0 && p.device < kMaxDevices, "device index out of range");
-  if (ctas_per_sm[p.device] == 0) {
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-    int n = 0;
-    MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads, Cfg::kSmemBytes));
-    MLA_HOST_CHECK(n >= 1, "absorb kernel does not fit on an SM");
-    ctas_per_sm[p.device] = n;
+  opt_in_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, p.device);
+  int ctas_per_sm = ctas_per_sm_of[p.device].load(std::memory_order_relaxed);
+  if (ctas_per_sm == 0) {
+    MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, kernel, Cfg::kThreads, Cfg::kSmemBytes));
+    MLA_HOST_CHECK(ctas_per_sm >= 1, "absorb kernel does not fit on an SM");
+    ctas_per_sm_of[p.device].store(ctas_per_sm, std::memory_order_relaxed);
   }
   const int64_t num_tiles = (p.num_tokens + Cfg::BM - 1) / Cfg::BM;
   const int64_t ctas = int64_t(Cfg::kNumNBlocks) * p.num_heads;
   // Split the M tiles over more CTAs while the GPU has room: up to one wave at small T (each
   // extra split re-reads the weight slice, and a second wave would wait for the first), about
   // four waves at large T (load balance; the slices then come from L2).
-  const int64_t slots = int64_t(device_info(p.device).num_sms) * ctas_per_sm[p.device];
+  const int64_t slots = int64_t(device_info(p.device).num_sms) * ctas_per_sm;
   int64_t m_splits = Cfg::BM >= 128 ? (4 * slots + ctas - 1) / ctas : slots / ctas;
   m_splits = m_splits < 1 ? 1 : (m_splits > num_tiles ? num_tiles : m_splits);
   MLA_HOST_CHECK(p.num_heads <= 65535, "num_heads must be <= 65535 (grid.y)");

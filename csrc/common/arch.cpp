@@ -12,42 +12,49 @@
 
 namespace mla {
 
+namespace {
+// Enough for any node; device_info refuses higher indices. Entries never move, so the references
+// device_info hands out stay valid while other threads fill other devices' entries.
+constexpr int kMaxDevices = 64;
+}  // namespace
+
 const DeviceInfo& device_info(int device) {
-  static std::mutex mutex;
-  static std::vector<DeviceInfo> cache;
-  static std::vector<bool> known;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (device >= static_cast<int>(cache.size())) {
-    cache.resize(device + 1);
-    known.resize(device + 1, false);
-  }
-  if (!known[device]) {
+  static DeviceInfo cache[kMaxDevices];
+  static std::once_flag known[kMaxDevices];
+  MLA_HOST_CHECK(device >= 0 && device < kMaxDevices, "device index out of range");
+  std::call_once(known[device], [device] {
     DeviceInfo info{};
     int major = 0, minor = 0;
     MLA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     MLA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
     MLA_CUDA_CHECK(cudaDeviceGetAttribute(&info.num_sms, cudaDevAttrMultiProcessorCount, device));
-    MLA_CUDA_CHECK(cudaDeviceGetAttribute(&info.max_smem_per_block,
-                                          cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    MLA_CUDA_CHECK(cudaDeviceGetAttribute(&info.max_smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     info.sm_version = major * 10 + minor;
     cache[device] = info;
-    known[device] = true;
-  }
+  });
   return cache[device];
 }
 
 void opt_in_smem(const void* kernel, int bytes, int device) {
-  struct Done {
+  // The attribute is one value per (kernel, device): remember the largest set, and raise it when a
+  // launch needs more (a smaller request is already covered).
+  struct Set {
     const void* kernel;
-    int bytes, device;
+    int device, bytes;
   };
   static std::mutex mutex;
-  static std::vector<Done> done;  // a few dozen kernels x devices
+  static std::vector<Set> set;  // a few dozen kernels x devices
   std::lock_guard<std::mutex> lock(mutex);
-  for (const Done& d : done)
-    if (d.kernel == kernel && d.bytes == bytes && d.device == device) return;
+  for (Set& e : set) {
+    if (e.kernel != kernel || e.device != device) continue;
+    if (bytes > e.bytes) {
+      MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+      e.bytes = bytes;
+    }
+    return;
+  }
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  done.push_back({kernel, bytes, device});
+  set.push_back({kernel, device, bytes});
 }
 
 namespace {

@@ -12,9 +12,9 @@ struct DeviceInfo {
 // Throws on a CUDA error. Thread-safe; queries each device once.
 const DeviceInfo& device_info(int device);
 
-// Opts `kernel` in to `bytes` of dynamic shared memory on `device`, once per (kernel, device,
-// bytes): the attribute is per device, and setting it is a driver call that would otherwise cost
-// host time on every launch. Throws on a CUDA error.
+// Opts `kernel` in to at least `bytes` of dynamic shared memory on `device` (the current device):
+// the attribute is per device, and setting it is a driver call that would otherwise cost host time
+// on every launch, so it is set only when a launch needs more than before. Throws on a CUDA error.
 void opt_in_smem(const void* kernel, int bytes, int device);
 
 // Whether ops that have an architecture-specific path (sm90 wgmma/TMA) take the portable one

@@ -1,8 +1,8 @@
 // mbarriers and the asynchronous copies that complete on them: cp.async arrivals, bulk copies
 // (cp.async.bulk, counted in bytes), and the fence between generic and async proxies. These are
-// sm90+ instructions that every target of the build has (sm90 and sm100), so the portable
-// kernels use them too; what only sm_90a has (wgmma, the TMA tensor copies of the sm90 kernels)
-// is in common/sm90/.
+// sm90+ instructions that every target of the build has (sm90 and sm100), so kernels of every
+// target may use them (the portable fp8 16-row decode kernel does); what only sm_90a has (wgmma,
+// the TMA tensor copies of the sm90 kernels) is in common/sm90/.
 #pragma once
 
 #include <cstdint>

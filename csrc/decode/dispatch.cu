@@ -1,13 +1,12 @@
 // Decode host entry: shape helpers shared by planner and kernels, and the one kernel choice of
 // the op (architecture x cache format x query rows -> split kernel), then the combine.
 //
-//   rows per CTA      format            sm90 (bf16 q)                         portable (sm100, fp16 q on sm90,
-//                                                                             MLA_EXT_FORCE_PORTABLE)
+//   rows per CTA      format            sm90                                  portable (sm100, forced portable)
 //   16 (<= 16 rows)   auto              portable::decode_split<16>            the same
-//                     fp8, fp8_ds_mla   fp8_16rows, QK^T on wgmma:            fp8_16rows on mma.sync: raw rows
+//                     fp8, fp8_ds_mla   bf16 q: fp8_16rows, QK^T on wgmma:    fp8_16rows on mma.sync: raw rows
 //                                       TMA tiles where the tensor map        by bulk copies where rows are
-//                                       builds, else cp.async rows            packed and block_size % 16 == 0,
-//                                                                             else row copies
+//                                       builds, else cp.async rows;           packed and block_size % 16 == 0,
+//                                       fp16 q: as portable                   else row copies
 //   32 (17-32 rows)   every format      as 64 rows (one tile, padded)         portable::decode_split<32>
 //   64 (> 32 rows)    auto              hopper::wgmma_pairs where the tensor  portable::decode_split<64>
 //                                       map builds, else hopper::wgmma
@@ -56,7 +55,8 @@ namespace {
 // block_size) rows, so a 64-key tile is whole pages (block sizes that are multiples of 64, or 8,
 // 16, 32: pages of whole 1024-byte swizzle atoms), and only where the driver takes the cache's
 // strides (multiples of 16 bytes, 16-byte aligned base). Returns false otherwise: the caller
-// takes the kernel that copies rows with cp.async.
+// takes the kernel that copies rows with cp.async. (Built here rather than in the kernels'
+// launchers because whether the map builds decides the kernel.)
 bool make_tile_maps(DecodeParams& p) {
   const int box_rows = p.block_size < kBlockN ? p.block_size : kBlockN;
   if (box_rows % 8 != 0 || p.block_size % box_rows != 0 || kBlockN % box_rows != 0) return false;
@@ -67,7 +67,8 @@ bool make_tile_maps(DecodeParams& p) {
   auto make = [&](CUtensorMap* map, const void* base, uint64_t width, uint32_t box_width, CUtensorMapSwizzle swizzle) {
     const uint64_t dims[3] = {width, static_cast<uint64_t>(p.block_size), static_cast<uint64_t>(p.num_blocks)};
     const uint32_t box[3] = {box_width, static_cast<uint32_t>(box_rows), 1};
-    return sm90::make_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, swizzle, base, 3, dims, strides, box);
+    return sm90::make_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, swizzle, base, 3, dims, strides, box,
+                                 /*cached=*/true);
   };
   // Rows in 128-byte boxes, swizzled as wgmma reads them; fp8_ds_mla's 16 scale bytes per row plain.
   const uint64_t row_bytes = ds ? kDsMlaRowBytes : p.format == CacheFormat::kAuto ? 2 * kLatentDim : kLatentDim;

@@ -1,9 +1,9 @@
 """FlashMLA as the benchmarks' peer (DESIGN.md §5): timed in the same process, on the same inputs.
 
-The peer is FlashMLA (deepseek-ai/FlashMLA) at 9241ae3, built on the GPU machine from the tarball
-in the shared peers folder. It is not part of this repository and is never committed: copy
-``build_flashmla.sh`` and ``flashmla-9241ae3.tar.xz`` into ``third_party_peers/`` (a git-ignored
-path), then on the GPU machine
+The peer is FlashMLA (deepseek-ai/FlashMLA) at 9241ae3, built from source on the GPU it is timed
+on. It is not part of this repository and is never committed: with ``build_flashmla.sh`` and
+``flashmla-9241ae3.tar.xz`` in ``third_party_peers/`` (a git-ignored folder; any build of upstream
+FlashMLA at that commit with its own ``setup.py`` serves as well)
 
     bash third_party_peers/build_flashmla.sh /tmp/flashmla      # ~2 minutes
     python bench/bench_decode.py --flashmla /tmp/flashmla ...

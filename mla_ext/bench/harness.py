@@ -394,3 +394,25 @@ def write_results(name: str, rows: Sequence[Row | dict], roofline: Roofline | No
     with open(md_path, "w") as f:
         f.write("\n".join(md) + "\n")
     return json_path, md_path
+
+
+def finish_vs_peer(args, op: str, peer_kind: str, rows: list[dict], table: str, summary: str, notes: str,
+                   roofline: Roofline) -> int:
+    """The end of a peer benchmark (bench_decode.py, bench_sparse.py): with ``--json``, write
+    ``<op>_vs_flashmla`` (``<op>_portable`` with ``--portable``), then print the table and summary.
+    Returns the exit code: 1 when a row failed its check."""
+    from . import flashmla_peer
+
+    if args.json:
+        name = f"{op}_portable" if args.portable else f"{op}_vs_flashmla"
+        if args.portable:
+            notes += "\n\nmla_ext ran its portable kernels (what sm100 runs)."
+        paths = write_results(name, rows, roofline, args.json, commit=resolve_commit(args.commit),
+                              peer=flashmla_peer.describe(peer_kind), table=table, notes=notes,
+                              title=f"{name}: mla_ext against {flashmla_peer.NAME}")
+        print("wrote", *paths)
+    print()
+    print(table)
+    if summary:
+        print(summary)
+    return 1 if any("check_failed" in r for r in rows) else 0

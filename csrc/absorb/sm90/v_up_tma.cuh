@@ -105,8 +105,8 @@ __device__ __forceinline__ void quad_transpose(const uint32_t (&a)[4], uint32_t 
 // Epilogue of one warpgroup's m64nBN fp32 accumulators (BN = 32, 64, 128; rows row0 .. row0 + 63
 // of c, those below num_tokens, columns 0 .. BN - 1 of c_head): bf16 pairs, a 4 x 4 transpose inside each quad of lanes, then one 16-byte
 // store per lane and 8 columns, so each row is written in whole 32-byte sectors. The SASS must
-// show STG.E.128 only (a helper version of this once compiled to 4-byte stores, 269db98:
-// check with cuobjdump -sass after changes).
+// show STG.E.128 only (a helper version of this once compiled to 4-byte stores: check with
+// cuobjdump -sass after changes).
 template <int BN = 128>
 __device__ __forceinline__ void store_acc_m64n128(const float (&acc)[BN / 2], __nv_bfloat16* c_head, int64_t row0,
                                                   int64_t num_tokens, int64_t stride_c_token, int tid_wg) {
@@ -251,13 +251,13 @@ bool make_v_up_tensor_maps(const AbsorbParams& p, bool fp8, CUtensorMap* x_map, 
   const uint64_t x_dims[3] = {uint64_t(K), uint64_t(p.num_heads), uint64_t(p.num_tokens)};
   const uint64_t x_strides[2] = {uint64_t(stride_head) * 2, uint64_t(stride_token) * 2};
   const uint32_t x_box[3] = {uint32_t(BK), 1, uint32_t(kBM)};
-  if (stride_head <= 0 || stride_token <= 0 || !sm90::make_bf16_tensor_map(x_map, p.a, 3, x_dims, x_strides, x_box))
-    return false;
+  if (stride_head <= 0 || stride_token <= 0) return false;
+  if (!sm90::make_bf16_tensor_map(x_map, p.a, 3, x_dims, x_strides, x_box, /*cached=*/false)) return false;
   if (!fp8) {
     const uint64_t w_dims[2] = {uint64_t(K), uint64_t(p.num_heads) * N};
     const uint64_t w_strides[1] = {uint64_t(K) * 2};
     const uint32_t w_box[2] = {uint32_t(BK), uint32_t(kBN)};
-    if (!sm90::make_bf16_tensor_map(w_map, p.w, 2, w_dims, w_strides, w_box)) return false;
+    if (!sm90::make_bf16_tensor_map(w_map, p.w, 2, w_dims, w_strides, w_box, /*cached=*/true)) return false;
   }
   return true;
 }

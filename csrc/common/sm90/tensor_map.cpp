@@ -39,15 +39,25 @@ struct Entry {
   bool ok;
   CUtensorMap map;
 };
-// Bounded: a serving engine has one cache tensor per layer and a few weights, far below this; a
-// caller that walks through many addresses (activations) just refills it.
+// Bounded: a serving engine has one cache tensor per layer and a few weights, far below this
+// (activations are not cached).
 constexpr size_t kMaxEntries = 4096;
 
 }  // namespace
 
 bool make_tensor_map(CUtensorMap* map, CUtensorMapDataType dtype, CUtensorMapSwizzle swizzle, const void* base, int rank,
-                     const uint64_t* dims, const uint64_t* byte_strides, const uint32_t* box) {
+                     const uint64_t* dims, const uint64_t* byte_strides, const uint32_t* box, bool cached) {
   if (rank < 1 || rank > kMaxRank) return false;
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint32_t elem_strides[kMaxRank] = {1, 1, 1, 1, 1};
+  auto encode_into = [&](CUtensorMap* m) {
+    return encode(m, dtype, static_cast<cuuint32_t>(rank), const_cast<void*>(base), reinterpret_cast<const cuuint64_t*>(dims),
+                  reinterpret_cast<const cuuint64_t*>(byte_strides), reinterpret_cast<const cuuint32_t*>(box), elem_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  };
+  if (!cached) return encode_into(map);
   Key key{};
   key[0] = static_cast<uint64_t>(dtype);
   key[1] = static_cast<uint64_t>(swizzle);
@@ -67,14 +77,8 @@ bool make_tensor_map(CUtensorMap* map, CUtensorMapDataType dtype, CUtensorMapSwi
       return it->second.ok;
     }
   }
-  const auto encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
-  const cuuint32_t elem_strides[kMaxRank] = {1, 1, 1, 1, 1};
   Entry entry{};
-  entry.ok = encode(&entry.map, dtype, static_cast<cuuint32_t>(rank), const_cast<void*>(base),
-                    reinterpret_cast<const cuuint64_t*>(dims), reinterpret_cast<const cuuint64_t*>(byte_strides),
-                    reinterpret_cast<const cuuint32_t*>(box), elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                    CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  entry.ok = encode_into(&entry.map);
   if (entry.ok) std::memcpy(map, &entry.map, sizeof(CUtensorMap));
   std::lock_guard<std::mutex> lock(mutex);
   if (cache.size() >= kMaxEntries) cache.clear();

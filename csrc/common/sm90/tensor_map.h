@@ -15,15 +15,17 @@ namespace mla::sm90 {
 // A rank-`rank` tensor of `dtype`: dims and boxes innermost first (in elements), byte strides of
 // dims 1.. (multiples of 16), no out-of-bounds NaN fill (zeros). Returns false where the driver
 // refuses it (the caller then takes another kernel). A map is a function of these arguments
-// alone, so maps are cached by them: an op called once per layer finds its cache's and weights'
-// maps already encoded.
+// alone, so maps of long-lived tensors are cached by them (`cached`): an op called once per layer
+// finds its cache's and weights' maps already encoded. Activations, whose addresses change from
+// call to call, are encoded each time (cached, they would only push the others out).
 bool make_tensor_map(CUtensorMap* map, CUtensorMapDataType dtype, CUtensorMapSwizzle swizzle, const void* base, int rank,
-                     const uint64_t* dims, const uint64_t* byte_strides, const uint32_t* box);
+                     const uint64_t* dims, const uint64_t* byte_strides, const uint32_t* box, bool cached);
 
 // bf16 in the 128-byte swizzle (boxes of 64 elements innermost: the layout kmajor_sw128_desc describes).
 inline bool make_bf16_tensor_map(CUtensorMap* map, const void* base, int rank, const uint64_t* dims,
-                                 const uint64_t* byte_strides, const uint32_t* box) {
-  return make_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, CU_TENSOR_MAP_SWIZZLE_128B, base, rank, dims, byte_strides, box);
+                                 const uint64_t* byte_strides, const uint32_t* box, bool cached) {
+  return make_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, CU_TENSOR_MAP_SWIZZLE_128B, base, rank, dims, byte_strides,
+                         box, cached);
 }
 
 }  // namespace mla::sm90

@@ -59,8 +59,6 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "common/arch.h"

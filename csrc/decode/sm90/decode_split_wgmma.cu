@@ -29,7 +29,6 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <type_traits>
 
 #include "common/sm80.cuh"

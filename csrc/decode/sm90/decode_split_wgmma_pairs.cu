@@ -71,8 +71,8 @@ struct PairsConfig {
 // rows without waiting on its block mbarriers: the other warpgroup's wait, then its arrival at a
 // hand-off this one waits for, orders them.
 // (Named barriers, bar.arrive -> bar.sync, did the same job as fast, but compute-sanitizer
-// racecheck reported the warpgroup 1 -> 0 hand-offs as races, as it does for that hand-off alone in
-// bench/micro/racecheck_handoff_probe.cu: csrc/decode/README.md, "Racecheck".)
+// racecheck reported the warpgroup 1 -> 0 hand-offs as races, as it does for such a hand-off in a
+// kernel of its own: the tool does not order bar.arrive before bar.sync.)
 enum PairsHandOff : int { kMaxA = 0, kMaxB = 1, kPa = 2, kPb = 3 };
 // The only named barriers left: within one warpgroup (0 is __syncthreads).
 inline constexpr int kBarZero0 = 1;  // + wg

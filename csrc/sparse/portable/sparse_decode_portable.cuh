@@ -1,4 +1,5 @@
-// Sparse top-k MLA decode, portable path (mma.sync + cp.async; sm80 .. sm100).
+// Sparse top-k MLA decode, portable path (mma.sync + cp.async; sm90, sm100). One template variant,
+// kBulkRows (rows by bulk copies), is instantiated for the sm90 path only (sm90/).
 //
 // One CTA = one query token (b, s), one tile of kM heads, one split of the top-k list.
 // grid = (ceil(h_q / kM), num_splits, b * s_q); 256 threads = 8 warps (+ 4 copy warps in the sm90

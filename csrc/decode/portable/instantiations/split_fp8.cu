@@ -1,4 +1,5 @@
-// Portable split kernel for the 'fp8' cache: both q dtypes, 32- and 64-row blocks (16 rows: split_fp8_16.cu).
+// Portable split kernel for the 'fp8' cache: both q dtypes, 32- and 64-row
+// blocks (16 rows: fp8_16rows/).
 #include "decode/portable/decode_split.cuh"
 
 namespace mla::decode::portable {
