@@ -32,16 +32,20 @@ def sat_e4m3(x: torch.Tensor) -> torch.Tensor:
     return x.float().clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
 
 
-def ds_mla_tile_scale(amax: torch.Tensor) -> torch.Tensor:
-    """fp8_ds_mla writer scale: ``2 ** ceil(log2(max(amax / 448, 1e-4)))``, exactly.
+def ds_mla_scale_exponent(amax: torch.Tensor) -> torch.Tensor:
+    """``ceil(log2(max(amax / 448, 1e-4)))`` exactly, as int32, for finite ``amax`` (fp32 math).
 
     Computed from frexp (v = m * 2**e, m in [0.5, 1)), not from a rounded log2: ceil(log2 v) is
     e - 1 when v is a power of two (m == 0.5), else e.
     """
     v = torch.clamp(amax.float() / FP8_E4M3_MAX, min=1e-4)
     mantissa, exponent = torch.frexp(v)
-    ceil_log2 = torch.where(mantissa == 0.5, exponent - 1, exponent)
-    return torch.ldexp(torch.ones_like(v), ceil_log2)
+    return torch.where(mantissa == 0.5, exponent - 1, exponent)
+
+
+def ds_mla_tile_scale(amax: torch.Tensor) -> torch.Tensor:
+    """fp8_ds_mla writer scale: ``2 ** ceil(log2(max(amax / 448, 1e-4)))``, exactly."""
+    return torch.ldexp(torch.ones_like(amax, dtype=torch.float32), ds_mla_scale_exponent(amax))
 
 
 # --------------------------------------------------------------------------------------------
