@@ -9,17 +9,32 @@ from __future__ import annotations
 
 import torch
 
+from ._validate import checked_from_env
+from ._validate_v4 import check_indices_in_range_v4, check_slots_in_range_v4, validate_cache_write_v4
+from ._validate_v4 import validate_sparse_decode_v4
 from .formats import (
     DS_MLA_NUM_TILES,
     DS_MLA_ROPE_OFFSET,
     DS_MLA_ROW_BYTES,
     DS_MLA_SCALE_OFFSET,
     DS_MLA_TILE,
+    E4M3_NAN,
     FP8_E4M3_MAX,
     KV_LORA_RANK,
     LATENT_DIM,
     ROPE_DIM,
+    UE8M0_BIAS,
+    UE8M0_NAN,
+    V4_DATA_BYTES,
+    V4_HEAD_DIM,
+    V4_NOPE_DIM,
+    V4_NUM_TILES,
+    V4_ROPE_OFFSET,
+    V4_TILE,
+    V4_TOKEN_BYTES,
     canonical_format,
+    canonical_format_v4,
+    v4_page_views,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -553,3 +568,202 @@ def decode_plan(seq_lens: torch.Tensor, s_q: int, h_q: int, num_sms: int) -> tup
     for y, r in enumerate(split_reqs):
         rows[y][5] = r
     return torch.tensor(rows, dtype=torch.int32).view(num_parts, DECODE_SCHEDULE_FIELDS), split_info
+
+
+# ============================================================================================
+# DeepSeek-V4 (reference only: no kernels or torch ops yet; these functions are the spec)
+# ============================================================================================
+# V4 heads are 512 wide (448 NoPE + 64 RoPE), the cache row is the same 512 dims, and the value is
+# the whole row. Layouts in mla_ext/formats.py. Unlike the V3 functions above (whose op modules
+# validate), these validate their own inputs (mla_ext/_validate_v4.py), raising MlaInputError.
+
+
+def v4_scale_bytes(amax: torch.Tensor) -> torch.Tensor:
+    """UE8M0 byte of each V4 tile scale from the tile's ``amax`` (fp32): ``127 + e`` with ``e =
+    ceil(log2(max(amax / 448, 1e-4)))`` (so 114..247 for finite amax), 0xFF (NaN) for inf or NaN."""
+    finite = torch.isfinite(amax)
+    exponent = ds_mla_scale_exponent(torch.where(finite, amax.float(), 0.0))
+    return torch.where(finite, exponent + UE8M0_BIAS, UE8M0_NAN).to(torch.uint8)
+
+
+def ue8m0_to_float(scale_bytes: torch.Tensor) -> torch.Tensor:
+    """UE8M0 bytes -> fp32: ``2 ** (byte - 127)`` (2^-127 is an fp32 subnormal, exact), 0xFF NaN."""
+    exponent = scale_bytes.to(torch.int32) - UE8M0_BIAS
+    value = torch.ldexp(torch.ones(scale_bytes.shape, dtype=torch.float32, device=scale_bytes.device), exponent)
+    return torch.where(scale_bytes == UE8M0_NAN, float("nan"), value)
+
+
+def quantize_v4_rows(kv: torch.Tensor) -> torch.Tensor:
+    """V4 fp8_ds_mla quantisation: ``kv [T, 512]`` (bf16/fp16) -> ``uint8 [T, 584]``, each token's
+    data part (bytes 0-575) then its scale part (576-583), as :func:`concat_and_cache_mla_v4`
+    scatters them into a page.
+
+    - bytes 0-447: NoPE dim d as e4m3 ``sat_e4m3(x_d / 2^e_i)``, round to nearest even, for tile
+      ``i = d // 64``; ``e_i`` from the tile's amax (:func:`v4_scale_bytes`), so ``|x / 2^e| <=
+      448``; dividing by a power of two in fp32 rounds nothing that e4m3 keeps.
+    - bytes 448-575: RoPE dims 448..511 as bf16 (fp16 input rounded to nearest even; bf16 copied).
+    - bytes 576-582: tile i's UE8M0 byte ``127 + e_i``; byte 583: pad, 0.
+    - A tile holding inf or NaN: scale byte 0xFF (NaN) and e4m3 NaN (0x7F) in all its 64 bytes.
+    """
+    kv = kv.reshape(-1, V4_HEAD_DIM)
+    tiles = kv[:, :V4_NOPE_DIM].float().reshape(-1, V4_NUM_TILES, V4_TILE)
+    amax = tiles.abs().amax(dim=-1)  # [T, 7]; NaN if the tile holds one
+    scale_bytes = v4_scale_bytes(amax)
+    finite = scale_bytes != UE8M0_NAN
+    scale = torch.where(finite, ue8m0_to_float(scale_bytes), 1.0)
+    nope = sat_e4m3(tiles / scale.unsqueeze(-1)).view(torch.uint8)
+    nope = torch.where(finite.unsqueeze(-1), nope, torch.full_like(nope, E4M3_NAN))
+    rows = torch.zeros(kv.shape[0], V4_TOKEN_BYTES, dtype=torch.uint8, device=kv.device)
+    rows[:, :V4_ROPE_OFFSET] = nope.reshape(-1, V4_NOPE_DIM)
+    rows[:, V4_ROPE_OFFSET:V4_DATA_BYTES] = kv[:, V4_NOPE_DIM:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    rows[:, V4_DATA_BYTES:V4_DATA_BYTES + V4_NUM_TILES] = scale_bytes
+    return rows
+
+
+def dequantize_v4_rows(rows: torch.Tensor) -> torch.Tensor:
+    """``uint8 [..., 584]`` tokens (data part then scale part, as :func:`quantize_v4_rows` makes
+    them) -> fp32 ``[..., 512]``: NoPE ``e4m3 * 2^(byte - 127)`` per 64-dim tile (NaN for scale byte
+    0xFF), RoPE bf16. The pad byte is not read.
+
+    Computed in fp32. FlashMLA's reader multiplies in bf16; the two agree (both exact, or both
+    inf at the top of bf16's range: see mla_ext/formats.py) for every scale a writer makes (2^-13
+    .. 2^120); only hand-made scale bytes below 2^-13 could give products under bf16's normal
+    range, where bf16 rounds and fp32 does not.
+    """
+    lead = rows.shape[:-1]
+    nope = rows[..., :V4_NOPE_DIM].contiguous().view(torch.float8_e4m3fn).float()
+    scale = ue8m0_to_float(rows[..., V4_DATA_BYTES:V4_DATA_BYTES + V4_NUM_TILES])
+    nope = (nope.reshape(*lead, V4_NUM_TILES, V4_TILE) * scale.unsqueeze(-1)).reshape(*lead, V4_NOPE_DIM)
+    rope = rows[..., V4_ROPE_OFFSET:V4_DATA_BYTES].contiguous().view(torch.bfloat16).float()
+    return torch.cat([nope, rope], dim=-1)
+
+
+def read_v4_cache(kv_cache: torch.Tensor, slots: torch.Tensor, kv_cache_dtype: str) -> torch.Tensor:
+    """The fp32 ``[..., 512]`` rows at in-range global ``slots`` (any shape, ``block * block_size +
+    offset``) of a V4 cache: what attention reads. fp8_ds_mla: token ``offset``'s data part and
+    scale part of page ``block`` (:func:`mla_ext.formats.v4_page_views`), dequantised."""
+    block_size = kv_cache.shape[1]
+    slots = slots.long()
+    block, offset = slots // block_size, slots % block_size
+    if canonical_format_v4(kv_cache_dtype) == "auto":
+        return kv_cache[block, offset].float()
+    data, scales = v4_page_views(kv_cache)
+    return dequantize_v4_rows(torch.cat([data[block, offset], scales[block, offset]], dim=-1))
+
+
+def concat_and_cache_mla_v4(
+    kv: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache_dtype: str,
+    *,
+    checked: bool | None = None,
+) -> None:
+    """DeepSeek-V4 cache write: token t's row ``kv[t]`` into slot ``slot_mapping[t]``, in place.
+
+    ``kv [T, 512]`` bf16/fp16 (448 NoPE then 64 RoPE; rows may be strided, last dim contiguous),
+    ``kv_cache`` a V4 cache (:func:`mla_ext.formats.empty_kv_cache_v4`), ``slot_mapping int64
+    [T']``, ``T' <= T`` (only the first T' tokens are written). ``slot = block * block_size +
+    offset``; a negative slot (padding) is skipped, and so is a slot ``>= num_blocks * block_size``
+    unless checked mode raises ``IndexError`` for it (``checked``; None: the environment variable
+    ``MLA_EXT_CHECK_SLOTS``, as in the V3 ops).
+
+    ``auto``: the row as given (the cache has kv's dtype). ``fp8_ds_mla``: the 576-byte data part
+    and 8-byte scale part of :func:`quantize_v4_rows` at :func:`mla_ext.formats.v4_token_offsets`
+    of the page; nothing else in the page (other tokens, page padding) is written. Duplicate slots in
+    one call leave the slot's bytes unspecified.
+    """
+    fmt = validate_cache_write_v4(kv, kv_cache, slot_mapping, kv_cache_dtype)
+    if checked or (checked is None and checked_from_env()):
+        check_slots_in_range_v4(kv_cache, slot_mapping)
+    num_blocks, block_size = kv_cache.shape[0], kv_cache.shape[1]
+    slots = slot_mapping.long()
+    tokens = torch.nonzero((slots >= 0) & (slots < num_blocks * block_size)).flatten()
+    slots = slots[tokens]
+    block, offset = slots // block_size, slots % block_size
+    rows = kv[: slot_mapping.shape[0]][tokens]
+    if fmt == "auto":
+        kv_cache[block, offset] = rows
+        return
+    packed = quantize_v4_rows(rows)
+    data, scales = v4_page_views(kv_cache)
+    data[block, offset] = packed[:, :V4_DATA_BYTES]
+    scales[block, offset] = packed[:, V4_DATA_BYTES:]
+
+
+def _v4_pool(kv_cache, indices, topk_length, fmt) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pool's rows fp32 ``[b, s_q, topk, 512]`` (zeros at invalid entries, whose rows are never
+    read) and validity ``[b, s_q, topk]``, by the V3 rule (:func:`sparse_index_validity`)."""
+    num_slots = kv_cache.shape[0] * kv_cache.shape[1]
+    valid = sparse_index_validity(indices, num_slots, topk_length)
+    rows = torch.zeros(*indices.shape, V4_HEAD_DIM, dtype=torch.float32, device=indices.device)
+    if num_slots > 0:  # an empty cache has no valid entry and no row to gather
+        safe = torch.where(valid, indices.long(), 0)  # gather invalid entries from slot 0, then drop them
+        rows = torch.where(valid.unsqueeze(-1), read_v4_cache(kv_cache, safe, fmt), rows)
+    return rows, valid
+
+
+def sparse_decode_mla_v4(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    softmax_scale: float,
+    kv_cache_dtype: str,
+    topk_length: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+    extra_kv_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
+    *,
+    checked: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V4 sparse decode: query token ``(i, j)`` attends to the slots ``indices[i, j, :]``
+    of ``kv_cache`` and, when given, the slots ``extra_indices[i, j, :]`` of ``extra_kv_cache`` (the
+    sliding-window pool, with its own page size), all in one softmax.
+
+    ``q [b, s_q, h_q, 512]`` bf16 (448 NoPE then 64 RoPE), ``s_q`` 1..16, any ``h_q``. Both caches
+    are V4 caches of one ``kv_cache_dtype`` (``auto``: bf16 ``[nb, bs, 512]``; ``fp8_ds_mla``: uint8
+    ``[nb, bs, 584]``, mla_ext/formats.py), each with its own ``block_size``. ``indices int32 [b, s_q,
+    topk]`` and ``extra_indices int32 [b, s_q, extra_topk]`` hold global slots ``block * block_size +
+    offset`` of their own cache; ``topk_length`` / ``extra_topk_length int32 [b]``: only the first n
+    entries of request i's lists count (a length past the list counts the whole list). int64 index
+    tensors are refused with the conversion to make, as by the V3 ops.
+
+    As V3's :func:`sparse_decode_mla`: an entry is invalid when negative, ``>= num_blocks *
+    block_size`` of its cache, or at a position ``>=`` its list's length; invalid entries
+    contribute nothing and their rows are never read (NaN there does not reach the result);
+    duplicates count as often as they appear. Scores are ``q . row`` over all 512 dims times
+    ``softmax_scale``; the value is the whole 512-wide dequantised row, RoPE part included. A query
+    with no valid entry in either pool gives out 0 and lse -inf. A valid entry whose row holds NaN
+    (e.g. a tile with scale byte 0xFF) makes its query's out and lse NaN. ``attn_sink fp32 [h_q]``
+    scales out by ``e^lse / (e^lse + e^sink)`` with lse unchanged (+inf: out 0; -inf: no change).
+    Checked mode (``checked``; None: ``MLA_EXT_CHECK_SLOTS``) raises ``IndexError`` for an entry
+    past its cache at a counted position instead (negative entries stay allowed).
+
+    FlashMLA's reference (tests/ref.py) computes the same, with the same sink factor and an lse
+    without the sink, except: a query with nothing valid gets lse +inf there (out 0 in both); only
+    -1 is invalid there (it would read slot 0 for another negative entry and fail on one past the
+    cache); and it zeroes NaN in every gathered row, so NaN in a valid row reads as 0 there.
+
+    Returns ``out [b, s_q, h_q, 512]`` in q's dtype and ``lse [b, h_q, s_q]`` fp32 (natural log of
+    the sum of exp of the scaled scores over both pools).
+    """
+    fmt = validate_sparse_decode_v4(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_length, attn_sink,
+                                    extra_kv_cache, extra_indices, extra_topk_length)
+    if checked or (checked is None and checked_from_env()):
+        check_indices_in_range_v4(kv_cache, indices, topk_length, "indices")
+        if extra_kv_cache is not None:
+            check_indices_in_range_v4(extra_kv_cache, extra_indices, extra_topk_length, "extra_indices")
+    rows, valid = _v4_pool(kv_cache, indices, topk_length, fmt)
+    if extra_kv_cache is not None:
+        extra_rows, extra_valid = _v4_pool(extra_kv_cache, extra_indices, extra_topk_length, fmt)
+        rows = torch.cat([rows, extra_rows], dim=2)  # [b, s_q, topk + extra_topk, 512]
+        valid = torch.cat([valid, extra_valid], dim=2)
+    scores = torch.einsum("bshd,bskd->bshk", q.float(), rows) * softmax_scale
+    scores = scores.masked_fill(~valid.unsqueeze(2), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [b, s_q, h_q]; -inf where nothing is valid, NaN at a NaN score
+    out = torch.einsum("bshk,bskd->bshd", softmax_probs(scores), rows)
+    out = torch.where(torch.isnan(lse).unsqueeze(-1), float("nan"), out)  # softmax_probs would give 0 there
+    if attn_sink is not None:
+        out = out * sink_factor(lse, attn_sink).unsqueeze(-1)
+    return out.to(q.dtype), lse.permute(0, 2, 1).contiguous()
