@@ -146,3 +146,19 @@ def check_kv_cache_rows(kv_cache: torch.Tensor, kv_cache_dtype: str, fmt: str, s
               f"kv_cache must be uint8 for kv_cache_dtype='fp8_ds_mla', got {dtype_name(kv_cache.dtype)}")
         check(kv_cache.shape[2] == DS_MLA_ROW_BYTES, op,
               f"kv_cache_dtype='fp8_ds_mla' needs rows of {DS_MLA_ROW_BYTES} bytes, got kv_cache {list(kv_cache.shape)}")
+
+
+def check_indices_in_range(op: str, kv_cache: torch.Tensor, indices: torch.Tensor, topk_length: torch.Tensor | None,
+                           name: str = "indices", cache_name: str = "the cache") -> None:
+    """Checked mode of a sparse decode: entries of ``indices [b, s_q, topk]`` (named ``name``) past
+    ``kv_cache`` at counted positions (``< topk_length``) raise IndexError; negative entries (-1
+    padding) are allowed. Reads the values (syncs with the GPU)."""
+    num_blocks, block_size = kv_cache.shape[0], kv_cache.shape[1]
+    num_slots = num_blocks * block_size
+    bad = indices >= num_slots
+    if topk_length is not None:
+        counted = torch.arange(indices.shape[2], device=indices.device).view(1, 1, -1) < topk_length.view(-1, 1, 1)
+        bad &= counted
+    raise_first_out_of_range(op, name, indices, bad,
+                             f"{cache_name} ({num_blocks} blocks x {block_size} = {num_slots} slots)",
+                             "such entries are invalid (they contribute nothing)")

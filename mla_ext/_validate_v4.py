@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ._validate import bf16_only_hint, check, check_dtype, check_index_dtype, check_last_dim_contiguous
-from ._validate import check_same_device, dtype_name, fail, raise_first_out_of_range
+from ._validate import check_indices_in_range, check_same_device, dtype_name, fail, raise_first_out_of_range
 from .formats import DS_MLA_ROW_BYTES, LATENT_DIM, V4_HEAD_DIM, V4_PAGE_ALIGN, V4_TOKEN_BYTES
 from .formats import canonical_format_v4, v4_page_bytes
 
@@ -162,15 +162,6 @@ def validate_sparse_decode_v4(q, kv_cache, indices, softmax_scale, kv_cache_dtyp
 
 
 def check_indices_in_range_v4(kv_cache, indices, topk_length, name: str) -> None:
-    """Checked mode of the decode: entries of ``indices`` (named ``name``) past ``kv_cache`` at counted
-    positions (``< topk_length``) raise; negative entries (-1 padding) are allowed."""
-    num_blocks, block_size = kv_cache.shape[0], kv_cache.shape[1]
-    num_slots = num_blocks * block_size
-    bad = indices >= num_slots
-    if topk_length is not None:
-        counted = torch.arange(indices.shape[2], device=indices.device).view(1, 1, -1) < topk_length.view(-1, 1, 1)
-        bad &= counted
-    cache = "kv_cache" if name == "indices" else "extra_kv_cache"
-    raise_first_out_of_range(SPARSE_DECODE_V4, name, indices, bad,
-                             f"{cache} ({num_blocks} blocks x {block_size} = {num_slots} slots)",
-                             "such entries are invalid (they contribute nothing)")
+    """Checked mode of the V4 decode, for the main pool (``indices``) or the extra one (``extra_indices``)."""
+    check_indices_in_range(SPARSE_DECODE_V4, kv_cache, indices, topk_length, name,
+                           "kv_cache" if name == "indices" else "extra_kv_cache")

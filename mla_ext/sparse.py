@@ -7,7 +7,7 @@ import torch
 from . import reference
 from ._validate import bf16_only_hint, check, check_dtype, check_index_dtype, check_kv_cache_rows
 from ._validate import check_last_dim_contiguous, check_same_device, checked_from_env, dtype_name, fail
-from ._validate import raise_first_out_of_range
+from ._validate import check_indices_in_range, raise_first_out_of_range
 from .formats import KV_LORA_RANK, LATENT_DIM, canonical_format
 
 _DECODE = "sparse_decode_mla"
@@ -53,19 +53,6 @@ def _validate_decode(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_l
     if attn_sink is not None:
         check(attn_sink.dtype == torch.float32 and attn_sink.dim() == 1 and attn_sink.shape[0] == h_q, _DECODE,
               f"attn_sink must be float32 [h_q] = [{h_q}], got {dtype_name(attn_sink.dtype)} {list(attn_sink.shape)}")
-
-
-def _check_indices_in_range(kv_cache, indices, topk_length) -> None:
-    """Checked mode of the decode: entries past the cache at counted positions raise."""
-    num_blocks, block_size = kv_cache.shape[0], kv_cache.shape[1]
-    num_slots = num_blocks * block_size
-    bad = indices >= num_slots
-    if topk_length is not None:
-        counted = torch.arange(indices.shape[2], device=indices.device).view(1, 1, -1) < topk_length.view(-1, 1, 1)
-        bad &= counted
-    raise_first_out_of_range(_DECODE, "indices", indices, bad,
-                             f"the cache ({num_blocks} blocks x {block_size} = {num_slots} slots)",
-                             "such entries are invalid (they contribute nothing)")
 
 
 def sparse_decode_mla(
@@ -137,7 +124,7 @@ def sparse_decode_mla(
     # The op validates (C++ on CUDA, _validate_decode on CPU); checked mode reads the indices first.
     if checked or (checked is None and checked_from_env()):
         _validate_decode(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_length, attn_sink)
-        _check_indices_in_range(kv_cache, indices, topk_length)
+        check_indices_in_range(_DECODE, kv_cache, indices, topk_length)
     return _sparse_op(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_length, attn_sink)
 
 
