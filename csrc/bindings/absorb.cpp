@@ -87,7 +87,7 @@ Tensor q_absorb_impl(const Tensor& q_nope_in, const Tensor& q_pe_in, const Tenso
   const bool direct = out_in.has_value() && aligned16(*out_in);
   Tensor out = direct ? *out_in : empty_cuda({T, H, kLatentDim}, ScalarType::BFloat16, device);
 
-  const torch::stable::accelerator::DeviceGuard guard(device);
+  const CudaDeviceScope device_scope(device);
   AbsorbParams p{};
   p.a = q_nope.data_ptr();
   p.w = w_uk_t.data_ptr();
@@ -160,7 +160,7 @@ Tensor v_up_impl(const Tensor& x_in, const Tensor& w_uv, const std::optional<Ten
   const int64_t T = nd == 4 ? x.size(0) * x.size(1) : x.size(0);
   const int64_t stride_token = nd == 4 && x.size(1) > 1 ? x.stride(1) : x.stride(0);
 
-  const torch::stable::accelerator::DeviceGuard guard(device);
+  const CudaDeviceScope device_scope(device);
   AbsorbParams p{};
   p.a = x.data_ptr();
   p.w = w_uv.data_ptr();

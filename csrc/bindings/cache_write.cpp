@@ -42,7 +42,7 @@ void concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor kv_cache, Tensor slot
 
   const float* scale_ptr = check_kv_cache(kv_cache, format, kv_cache_dtype, in_type, "kv_c", scale, kOp);
   const int64_t cache_elem = element_size(kv_cache.scalar_type());
-  const torch::stable::accelerator::DeviceGuard guard(device);
+  const CudaDeviceScope device_scope(device);
   CacheWriteParams params{};
   params.kv_c = kv_c.data_ptr();
   params.k_pe = k_pe.data_ptr();

@@ -62,7 +62,7 @@ void check_plan_shape(const Tensor& schedule, const Tensor& split_info, int64_t 
                                                     << shape_str(split_info));
 }
 
-// Schedule and split_info of a validated seq_lens on `device` (its guard is set).
+// Schedule and split_info of a validated seq_lens on `device` (the current device).
 std::tuple<Tensor, Tensor> plan_on(const Tensor& seq_lens, int64_t s_q, int64_t h_q, CacheFormat format,
                                    int64_t num_sms, int device) {
   const int64_t b = seq_lens.size(0);
@@ -90,7 +90,7 @@ std::tuple<Tensor, Tensor> decode_plan(Tensor seq_lens, int64_t s_q, int64_t h_q
   check_plan_args(s_q, h_q, kPlanOp);
   MLA_ARG_CHECK(num_sms >= 1 && num_sms <= decode::kPlanMaxParts, kPlanOp,
                 "num_sms must be in [1, " << decode::kPlanMaxParts << "], got " << num_sms);
-  const torch::stable::accelerator::DeviceGuard guard(device);
+  const CudaDeviceScope device_scope(device);
   return plan_on(seq_lens, s_q, h_q, format, num_sms, device);
 }
 
@@ -166,7 +166,7 @@ std::tuple<Tensor, Tensor> decode_impl(const Tensor& q_in, const Tensor& kv_cach
   MLA_ARG_CHECK(schedule.has_value() == split_info.has_value(), kOp,
                 "pass schedule and split_info together (both from decode_plan)");
 
-  const torch::stable::accelerator::DeviceGuard guard(device);
+  const CudaDeviceScope device_scope(device);
   if (!schedule.has_value()) {
     // Planned here: one plan per call (get_decode_plan once per step is what an engine does).
     auto [sched, info] = plan_on(seq_lens, s_q, h_q, format, mla::device_info(device).num_sms, device);

@@ -81,7 +81,7 @@ std::tuple<Tensor, Tensor> sparse_decode_mla(Tensor q_in, Tensor kv_cache, Tenso
   }
   const Tensor q = aligned_or_copy(q_in, "q", kDecodeOp);
 
-  const torch::stable::accelerator::DeviceGuard guard(device);
+  const CudaDeviceScope device_scope(device);
   Tensor out = empty_cuda({b, s_q, h_q, kKvLoraRank}, ScalarType::BFloat16, device);
   Tensor lse = empty_cuda({b, h_q, s_q}, ScalarType::Float, device);
 
@@ -143,7 +143,7 @@ void sparse_indices_to_slots(Tensor local_indices_in, Tensor block_table, int64_
                               << shape_str(local_indices_in) << ", got " << scalar_type_name(slots.scalar_type()) << " "
                               << shape_str(slots));
   const Tensor local_indices = contiguous_or_copy(local_indices_in);
-  const torch::stable::accelerator::DeviceGuard guard(device);
+  const CudaDeviceScope device_scope(device);
   SparseIndicesToSlotsParams params{};
   params.local_indices = static_cast<const int32_t*>(local_indices.data_ptr());
   params.block_table = static_cast<const int32_t*>(block_table.data_ptr());
@@ -186,7 +186,7 @@ void sparse_compressed_indices(Tensor positions_in, Tensor token_to_req_in, Tens
   MLA_ARG_CHECK(num_decode_tokens >= 0 && num_decode_tokens <= num_tokens, kCompressedOp,
                 "num_decode_tokens must be in [0, " << num_tokens << "], got " << num_decode_tokens);
   const Tensor positions = contiguous_or_copy(positions_in), token_to_req = contiguous_or_copy(token_to_req_in);
-  const torch::stable::accelerator::DeviceGuard guard(device);
+  const CudaDeviceScope device_scope(device);
   SparseCompressedIndicesParams params{};
   params.positions = static_cast<const int64_t*>(positions.data_ptr());
   params.token_to_req = static_cast<const int32_t*>(token_to_req.data_ptr());
