@@ -68,12 +68,16 @@ def _num_sms() -> int:
 def num_splits(b: int, s_q: int, h_q: int, topk: int) -> int:
     """How many pieces plan_sparse_decode (csrc/sparse/sparse_decode.cu) cuts each top-k list into:
     as many as the SMs that the b * s_q * ceil(h_q / tile) CTAs leave idle allow, at most one per
-    64-key tile."""
+    64-key tile, and none where that would shorten each list by too little."""
     sms = _num_sms()
     tiles = max(1, -(-topk // 64))
     ctas = b * s_q * -(-h_q // head_tile(h_q))
     splits = 1 if ctas >= sms else sms // ctas
     splits = min(max(splits, 1), tiles)
+    # only when it takes more off each list than the combine costs (weights in half 16-head tiles)
+    weight = {16: 2, 32: 3, 64: 4}[head_tile(h_q)]
+    if splits > 1 and (tiles - -(-tiles // splits)) * weight <= 3:
+        splits = 1
     per_split = -(-tiles // splits)
     return -(-tiles // per_split)
 
