@@ -1,4 +1,4 @@
-"""mla_ext: CUDA kernels for Multi-head Latent Attention (DeepSeek V2/V3/V3.2).
+"""mla_ext: CUDA kernels for Multi-head Latent Attention (DeepSeek V2/V3/V3.2/V4).
 
 Importing the package loads the compiled library (the ``torch.ops.mla_ext`` schemas and CUDA
 kernels) and registers, for every op, the reference as its CPU implementation and a fake for
@@ -12,6 +12,7 @@ from .absorb import AbsorbWeights, prepare_absorb_weights, q_absorb, v_up
 from .cache import concat_and_cache_mla
 from .decode import DecodePlan, decode_mla, get_decode_plan
 from .sparse import sparse_compressed_indices, sparse_decode_mla, sparse_indices_to_slots
+from .v4 import concat_and_cache_mla_v4, sparse_decode_mla_v4
 from .formats import (
     DS_MLA_ROW_BYTES,
     KV_LORA_RANK,
@@ -33,6 +34,7 @@ __all__ = [
     "ROPE_DIM",
     "MlaInputError",
     "concat_and_cache_mla",
+    "concat_and_cache_mla_v4",
     "DecodePlan",
     "decode_mla",
     "get_decode_plan",
@@ -40,5 +42,6 @@ __all__ = [
     "reference",
     "sparse_compressed_indices",
     "sparse_decode_mla",
+    "sparse_decode_mla_v4",
     "sparse_indices_to_slots",
 ]

@@ -588,54 +588,66 @@ def test_decode_checked_mode(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 
-def _write_args() -> dict:
-    return dict(kv=torch.randn(5, 512, dtype=BF16), kv_cache=formats.empty_kv_cache_v4(2, 64, "fp8_ds_mla").zero_(),
-                slot_mapping=torch.arange(5), kv_cache_dtype="fp8_ds_mla")
+def write_args(device="cpu") -> dict:
+    """A valid call of the V4 cache write (keyword arguments, in the op's order); the bad-input cases
+    (WRITE_CASES, also run through the CUDA binding) build their tensors on its device."""
+    return dict(kv=torch.randn(5, 512, dtype=BF16, device=device),
+                kv_cache=formats.empty_kv_cache_v4(2, 64, "fp8_ds_mla", device=device).zero_(),
+                slot_mapping=torch.arange(5, device=device), kv_cache_dtype="fp8_ds_mla")
 
 
-def _contiguous_fp8(num_blocks, block_size):
-    return torch.zeros(num_blocks, block_size, 584, dtype=torch.uint8)
+def _d(a) -> torch.device:
+    return (a["kv"] if "kv" in a else a["q"]).device
+
+
+def _contiguous_fp8(a, num_blocks, block_size):
+    return torch.zeros(num_blocks, block_size, 584, dtype=torch.uint8, device=_d(a))
 
 
 WRITE_CASES = {
-    "kv V3 width": (lambda a: dict(kv=torch.randn(5, 576, dtype=BF16)),
+    "kv V3 width": (lambda a: dict(kv=torch.randn(5, 576, dtype=BF16, device=_d(a))),
                     r"kv must be \[num_tokens, 512\] \(DeepSeek-V4: 448 NoPE \+ 64 RoPE\), got \[5, 576\] "
                     r"\(rows of 576 are V3's"),
     "kv 3-D": (lambda a: dict(kv=a["kv"].view(5, 1, 512)), r"kv must be \[num_tokens, 512\]"),
     "kv dtype": (lambda a: dict(kv=a["kv"].float()), "kv must be bfloat16 or float16, got float32"),
-    "kv last dim": (lambda a: dict(kv=torch.randn(512, 5, dtype=BF16).T), "kv's last dim must be contiguous"),
+    "kv last dim": (lambda a: dict(kv=torch.randn(512, 5, dtype=BF16, device=_d(a)).T),
+                    "kv's last dim must be contiguous"),
     "slot_mapping int32": (lambda a: dict(slot_mapping=a["slot_mapping"].int()),
                            r"slot_mapping must be int64, got int32: convert once per step with "
                            r"slot_mapping.to\(torch.int64\)"),
-    "slot_mapping too long": (lambda a: dict(slot_mapping=torch.arange(6)), "slot_mapping has 6 entries but kv only 5"),
+    "slot_mapping too long": (lambda a: dict(slot_mapping=torch.arange(6, device=_d(a))),
+                              "slot_mapping has 6 entries but kv only 5"),
     "format": (lambda a: dict(kv_cache_dtype="fp8"), r"kv_cache_dtype must be one of \('auto', 'fp8_ds_mla'\)"),
-    "V3 ds_mla rows": (lambda a: dict(kv_cache=torch.zeros(2, 64, 656, dtype=torch.uint8)),
+    "V3 ds_mla rows": (lambda a: dict(kv_cache=torch.zeros(2, 64, 656, dtype=torch.uint8, device=_d(a))),
                        r"needs kv_cache of DeepSeek-V4 tokens, \[num_blocks, block_size, 584\] bytes, got "
                        r"\[2, 64, 656\] \(656-byte rows are the V3.2 fp8_ds_mla layout\)"),
     "fp8 cache dtype": (lambda a: dict(kv_cache=a["kv_cache"].view(torch.float8_e4m3fn)),
                         "kv_cache must be uint8 for kv_cache_dtype='fp8_ds_mla', got float8_e4m3fn"),
-    "page not 576-aligned": (lambda a: dict(kv_cache=_contiguous_fp8(2, 256)),
+    "page not 576-aligned": (lambda a: dict(kv_cache=_contiguous_fp8(a, 2, 256)),
                              r"kv_cache's page stride must be a multiple of 576 bytes and at least 584 x block_size "
                              r"= 149504 \(.* pads each page to 149760 bytes for block_size 256\), got 149504; "
                              r"allocate the cache with mla_ext.formats.empty_kv_cache_v4"),
-    "pages overlap": (lambda a: dict(kv_cache=torch.zeros(2 * 584 * 64, dtype=torch.uint8).as_strided(
+    "pages overlap": (lambda a: dict(kv_cache=torch.zeros(2 * 584 * 64, dtype=torch.uint8, device=_d(a)).as_strided(
         (2, 64, 584), (576 * 64, 584, 1))), "page stride must be .* got 36864"),
-    "tokens not 584 apart": (lambda a: dict(kv_cache=torch.zeros(2, 64, 600, dtype=torch.uint8)[..., :584]),
+    "tokens not 584 apart": (lambda a: dict(kv_cache=torch.zeros(2, 64, 600, dtype=torch.uint8,
+                                                                 device=_d(a))[..., :584]),
                              r"pages must each be one contiguous run of block_size \* 584 bytes"),
-    "auto cache dtype": (lambda a: dict(kv_cache_dtype="auto", kv_cache=torch.zeros(2, 64, 512, dtype=torch.float16)),
+    "auto cache dtype": (lambda a: dict(kv_cache_dtype="auto",
+                                        kv_cache=torch.zeros(2, 64, 512, dtype=torch.float16, device=_d(a))),
                          "kv_cache_dtype='auto' needs kv_cache of kv's dtype bfloat16, got float16"),
     "auto on fp8 cache": (lambda a: dict(kv_cache_dtype="auto"),
                           "got uint8: a uint8 cache of 584-byte tokens is fp8_ds_mla"),
-    "auto V3 rows": (lambda a: dict(kv_cache_dtype="auto", kv_cache=torch.zeros(2, 64, 576, dtype=BF16)),
+    "auto V3 rows": (lambda a: dict(kv_cache_dtype="auto",
+                                    kv_cache=torch.zeros(2, 64, 576, dtype=BF16, device=_d(a))),
                      r"needs kv_cache rows of 512 elements .* \(rows of 576 are the V3 latent layout\)"),
-    "device": (lambda a: dict(slot_mapping=a["slot_mapping"].to("meta")),
-               "all tensors must be on one device: kv is on cpu, slot_mapping is on meta"),
+    "device": (lambda a: dict(slot_mapping=a["slot_mapping"].to("cpu" if _d(a).type == "cuda" else "meta")),
+               r"all tensors must be on one device: kv is on (cpu|cuda:\d), slot_mapping is on (meta|cpu)"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(WRITE_CASES))
 def test_cache_write_bad_input(case):
-    args = _write_args()
+    args = write_args()
     args.update(WRITE_CASES[case][0](args))
     before = args["kv_cache"].clone()
     with pytest.raises(MlaInputError, match=WRITE_CASES[case][1]) as error:
@@ -644,66 +656,70 @@ def test_cache_write_bad_input(case):
     assert torch.equal(args["kv_cache"], before)
 
 
-def _decode_args() -> dict:
-    return dict(q=torch.randn(2, 2, 4, 512, dtype=BF16),
-                kv_cache=formats.empty_kv_cache_v4(2, 64, "fp8_ds_mla").zero_(),
-                indices=torch.zeros(2, 2, 8, dtype=torch.int32), softmax_scale=0.1, kv_cache_dtype="fp8_ds_mla",
-                topk_length=None, attn_sink=None, extra_kv_cache=formats.empty_kv_cache_v4(3, 2, "fp8_ds_mla").zero_(),
-                extra_indices=torch.zeros(2, 2, 3, dtype=torch.int32), extra_topk_length=None)
+def decode_args(device="cpu") -> dict:
+    """A valid call of the V4 decode (keyword arguments, in the op's order) on ``device``."""
+    return dict(q=torch.randn(2, 2, 4, 512, dtype=BF16, device=device),
+                kv_cache=formats.empty_kv_cache_v4(2, 64, "fp8_ds_mla", device=device).zero_(),
+                indices=torch.zeros(2, 2, 8, dtype=torch.int32, device=device), softmax_scale=0.1,
+                kv_cache_dtype="fp8_ds_mla", topk_length=None, attn_sink=None,
+                extra_kv_cache=formats.empty_kv_cache_v4(3, 2, "fp8_ds_mla", device=device).zero_(),
+                extra_indices=torch.zeros(2, 2, 3, dtype=torch.int32, device=device), extra_topk_length=None)
 
 
 DECODE_CASES = {
-    "q V3 width": (lambda a: dict(q=torch.randn(2, 2, 4, 576, dtype=BF16)),
+    "q V3 width": (lambda a: dict(q=torch.randn(2, 2, 4, 576, dtype=BF16, device=_d(a))),
                    r"q must be \[b, s_q, h_q, 512\] \(DeepSeek-V4: 448 NoPE \+ 64 RoPE\), got \[2, 2, 4, 576\] "
                    r"\(a 576-wide q is V3's latent query"),
     "q fp16": (lambda a: dict(q=a["q"].half()),
                r"q must be bfloat16, got float16 \(the sparse decode kernels take bfloat16 activations only"),
-    "q last dim": (lambda a: dict(q=torch.randn(2, 2, 512, 4, dtype=BF16).transpose(2, 3)),
+    "q last dim": (lambda a: dict(q=torch.randn(2, 2, 512, 4, dtype=BF16, device=_d(a)).transpose(2, 3)),
                    "q's last dim must be contiguous"),
-    "s_q": (lambda a: dict(q=torch.randn(2, 17, 4, 512, dtype=BF16)), "s_q must be 1..16, got 17"),
+    "s_q": (lambda a: dict(q=torch.randn(2, 17, 4, 512, dtype=BF16, device=_d(a))), "s_q must be 1..16, got 17"),
     "softmax_scale": (lambda a: dict(softmax_scale=torch.tensor(0.1)), "softmax_scale must be a float, got Tensor"),
     "format": (lambda a: dict(kv_cache_dtype="fp8_e4m3"), "kv_cache_dtype must be one of"),
-    "cache V3 rows": (lambda a: dict(kv_cache=torch.zeros(2, 64, 656, dtype=torch.uint8)),
+    "cache V3 rows": (lambda a: dict(kv_cache=torch.zeros(2, 64, 656, dtype=torch.uint8, device=_d(a))),
                       r"kv_cache of DeepSeek-V4 tokens.*got \[2, 64, 656\]"),
-    "cache page": (lambda a: dict(kv_cache=_contiguous_fp8(2, 64)),
+    "cache page": (lambda a: dict(kv_cache=_contiguous_fp8(a, 2, 64)),
                    r"kv_cache's page stride must be a multiple of 576"),
-    "extra cache page": (lambda a: dict(extra_kv_cache=_contiguous_fp8(3, 2)),
+    "extra cache page": (lambda a: dict(extra_kv_cache=_contiguous_fp8(a, 3, 2)),
                          r"extra_kv_cache's page stride must be a multiple of 576 .* got 1168"),
-    "auto fp16 cache": (lambda a: dict(kv_cache_dtype="auto", kv_cache=torch.zeros(2, 64, 512, dtype=torch.float16)),
+    "auto fp16 cache": (lambda a: dict(kv_cache_dtype="auto",
+                                       kv_cache=torch.zeros(2, 64, 512, dtype=torch.float16, device=_d(a))),
                         "needs kv_cache of q's dtype bfloat16, got float16"),
-    "extra cache other format": (lambda a: dict(kv_cache_dtype="auto", kv_cache=torch.zeros(2, 64, 512, dtype=BF16)),
+    "extra cache other format": (lambda a: dict(kv_cache_dtype="auto",
+                                                kv_cache=torch.zeros(2, 64, 512, dtype=BF16, device=_d(a))),
                                  "needs extra_kv_cache of q's dtype bfloat16, got uint8"),
     "indices int64": (lambda a: dict(indices=a["indices"].long()),
                       r"indices must be int32, got int64: convert once per step with indices.to\(torch.int32\)"),
     "indices shape": (lambda a: dict(indices=a["indices"][:1]),
                       r"indices must be \[b, s_q, topk\] = \[2, 2, topk >= 1\]"),
     "indices empty": (lambda a: dict(indices=a["indices"][..., :0]), r"indices must be \[b, s_q, topk\]"),
-    "topk_length int64": (lambda a: dict(topk_length=torch.zeros(2, dtype=torch.int64)),
+    "topk_length int64": (lambda a: dict(topk_length=torch.zeros(2, dtype=torch.int64, device=_d(a))),
                           r"topk_length must be int32, got int64: convert"),
-    "topk_length shape": (lambda a: dict(topk_length=torch.zeros(3, dtype=torch.int32)),
+    "topk_length shape": (lambda a: dict(topk_length=torch.zeros(3, dtype=torch.int32, device=_d(a))),
                           r"topk_length must be int32 \[b\] = \[2\], got \[3\]"),
-    "attn_sink": (lambda a: dict(attn_sink=torch.zeros(4, dtype=BF16)),
+    "attn_sink": (lambda a: dict(attn_sink=torch.zeros(4, dtype=BF16, device=_d(a))),
                   r"attn_sink must be float32 \[h_q\] = \[4\], got bfloat16 \[4\]"),
     "extra_indices int64": (lambda a: dict(extra_indices=a["extra_indices"].long()),
                             r"extra_indices must be int32, got int64: convert once per step with "
                             r"extra_indices.to\(torch.int32\)"),
-    "extra_indices shape": (lambda a: dict(extra_indices=torch.zeros(2, 1, 3, dtype=torch.int32)),
+    "extra_indices shape": (lambda a: dict(extra_indices=torch.zeros(2, 1, 3, dtype=torch.int32, device=_d(a))),
                             r"extra_indices must be \[b, s_q, topk\] = \[2, 2, topk >= 1\], got \[2, 1, 3\]"),
-    "extra_topk_length shape": (lambda a: dict(extra_topk_length=torch.zeros(2, 1, dtype=torch.int32)),
+    "extra_topk_length shape": (lambda a: dict(extra_topk_length=torch.zeros(2, 1, dtype=torch.int32, device=_d(a))),
                                 r"extra_topk_length must be int32 \[b\] = \[2\]"),
     "extra cache without list": (lambda a: dict(extra_indices=None), "extra_kv_cache needs extra_indices"),
     "list without extra cache": (lambda a: dict(extra_kv_cache=None), "extra_indices given without extra_kv_cache"),
     "length without extra cache": (lambda a: dict(extra_kv_cache=None, extra_indices=None,
-                                                  extra_topk_length=torch.zeros(2, dtype=torch.int32)),
+                                                  extra_topk_length=torch.zeros(2, dtype=torch.int32, device=_d(a))),
                                    "extra_topk_length given without extra_kv_cache"),
-    "device": (lambda a: dict(extra_indices=a["extra_indices"].to("meta")),
-               "all tensors must be on one device: q is on cpu, extra_indices is on meta"),
+    "device": (lambda a: dict(extra_indices=a["extra_indices"].to("cpu" if _d(a).type == "cuda" else "meta")),
+               r"all tensors must be on one device: q is on (cpu|cuda:\d), extra_indices is on (meta|cpu)"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(DECODE_CASES))
 def test_decode_bad_input(case):
-    args = _decode_args()
+    args = decode_args()
     reference.sparse_decode_mla_v4(**args)  # the valid call runs
     args.update(DECODE_CASES[case][0](args))
     with pytest.raises(MlaInputError, match=DECODE_CASES[case][1]) as error:

@@ -1,12 +1,13 @@
-// torch.ops.mla_ext sparse top-k decode and its index builders: schemas and CUDA
-// implementations. The CPU implementations are the reference (mla_ext/reference.py), registered
-// from Python (mla_ext/sparse.py).
+// torch.ops.mla_ext sparse top-k decode (V3.2 and DeepSeek-V4) and its index builders: schemas and
+// CUDA implementations. The CPU implementations are the reference (mla_ext/reference.py),
+// registered from Python (mla_ext/sparse.py, mla_ext/v4.py).
 #include <cstdint>
 #include <tuple>
 #include <vector>
 
 #include "bindings/stable_helpers.h"
 #include "sparse/sparse_decode.h"
+#include "sparse/v4_gather.h"
 
 namespace mla::bindings {
 namespace {
@@ -14,6 +15,7 @@ namespace {
 constexpr const char* kDecodeOp = "sparse_decode_mla";
 constexpr const char* kSlotsOp = "sparse_indices_to_slots";
 constexpr const char* kCompressedOp = "sparse_compressed_indices";
+constexpr const char* kDecodeV4Op = "sparse_decode_mla_v4";
 
 // The kernels hold these in int: a larger value would wrap (2^32 -> 0, a division by zero).
 void check_int32_param(int64_t value, const char* name, const char* op) {
@@ -206,12 +208,174 @@ void sparse_compressed_indices(Tensor positions_in, Tensor token_to_req_in, Tens
   run_sparse_compressed_indices(params);
 }
 
+// One index list of the V4 decode ([b, s_q, topk] int32, last dim contiguous) and its lengths.
+void check_v4_index_list(const Tensor& indices, const char* name, int64_t b, int64_t s_q,
+                         const std::optional<Tensor>& lengths, const char* lengths_name) {
+  check_index_dtype(indices, name, ScalarType::Int, kDecodeV4Op);
+  MLA_ARG_CHECK(indices.dim() == 3 && indices.size(0) == b && indices.size(1) == s_q && indices.size(2) >= 1,
+                kDecodeV4Op, name << " must be [b, s_q, topk] = [" << b << ", " << s_q << ", topk >= 1], got "
+                                  << shape_str(indices));
+  MLA_ARG_CHECK(indices.size(2) <= 1 || indices.stride(2) == 1, kDecodeV4Op,
+                name << "'s last dim must be contiguous (stride 1), got strides " << strides_str(indices));
+  if (lengths.has_value()) {
+    check_index_dtype(*lengths, lengths_name, ScalarType::Int, kDecodeV4Op);
+    MLA_ARG_CHECK(lengths->dim() == 1 && lengths->size(0) == b, kDecodeV4Op,
+                  lengths_name << " must be int32 [b] = [" << b << "], got " << shape_str(*lengths));
+  }
+}
+
+V4Pool v4_pool(const Tensor& cache, const Tensor& indices, const std::optional<Tensor>& lengths) {
+  V4Pool pool{};
+  pool.cache = cache.data_ptr();
+  pool.indices = static_cast<const int32_t*>(indices.data_ptr());
+  pool.lengths = lengths.has_value() ? static_cast<const int32_t*>(lengths->data_ptr()) : nullptr;
+  pool.stride_indices_b = indices.stride(0);
+  pool.stride_indices_s = indices.stride(1);
+  pool.topk = static_cast<int>(indices.size(2));
+  pool.block_size = cache.size(1);
+  pool.num_slots = cache.size(0) * cache.size(1);
+  pool.stride_block_bytes = cache.stride(0) * element_size(cache.scalar_type());
+  pool.stride_token_bytes = cache.stride(1) * element_size(cache.scalar_type());
+  return pool;
+}
+
+// DeepSeek-V4 sparse decode: the selected rows of both pools are gathered, dequantised to bf16 and
+// widened to the V3 latent layout (csrc/sparse/v4_gather.h), then the V3 sparse decode runs on them
+// with -1 at the invalid entries. Correct on every architecture, not tuned: the rows are written
+// and read once more than a fused kernel would.
+std::tuple<Tensor, Tensor> sparse_decode_mla_v4(Tensor q, Tensor kv_cache, Tensor indices, double softmax_scale,
+                                                std::string kv_cache_dtype, std::optional<Tensor> topk_length,
+                                                std::optional<Tensor> attn_sink, std::optional<Tensor> extra_kv_cache,
+                                                std::optional<Tensor> extra_indices,
+                                                std::optional<Tensor> extra_topk_length) {
+  const char* op = kDecodeV4Op;
+  MLA_ARG_CHECK(kv_cache_dtype == "auto" || kv_cache_dtype == "fp8_ds_mla", op,
+                "kv_cache_dtype must be one of ('auto', 'fp8_ds_mla') for DeepSeek-V4, got '" << kv_cache_dtype << "'");
+  const bool ds_mla = kv_cache_dtype == "fp8_ds_mla";
+  const int device = check_same_cuda_device(
+      op, {{"q", &q}, {"kv_cache", &kv_cache}, {"indices", &indices}, {"topk_length", opt(topk_length)},
+           {"attn_sink", opt(attn_sink)}, {"extra_kv_cache", opt(extra_kv_cache)},
+           {"extra_indices", opt(extra_indices)}, {"extra_topk_length", opt(extra_topk_length)}});
+  MLA_ARG_CHECK(q.dim() == 4 && q.size(3) == kV4HeadDim, op,
+                "q must be [b, s_q, h_q, 512] (DeepSeek-V4: 448 NoPE + 64 RoPE), got "
+                    << shape_str(q)
+                    << (q.dim() == 4 && q.size(3) == kLatentDim
+                            ? " (a 576-wide q is V3's latent query: use sparse_decode_mla)"
+                            : ""));
+  const ScalarType q_type = q.scalar_type();
+  MLA_ARG_CHECK(q_type == ScalarType::BFloat16, op,
+                "q must be bfloat16, got " << scalar_type_name(q_type)
+                                           << (q_type == ScalarType::Half
+                                                   ? " (the sparse decode kernels take bfloat16 activations only: "
+                                                     "convert with q.to(torch.bfloat16))"
+                                                   : ""));
+  MLA_ARG_CHECK(q.stride(3) == 1, op, "q's last dim must be contiguous (stride 1), got strides " << strides_str(q));
+  const int64_t b = q.size(0), s_q = q.size(1), h_q = q.size(2);
+  MLA_ARG_CHECK(s_q >= 1 && s_q <= 16, op, "s_q must be 1..16, got " << s_q);
+  MLA_ARG_CHECK(h_q >= 1, op, "h_q must be >= 1, got " << h_q);
+  check_kv_cache_v4(kv_cache, "kv_cache", ds_mla, ScalarType::BFloat16, "q", op);
+  check_v4_index_list(indices, "indices", b, s_q, topk_length, "topk_length");
+  if (attn_sink.has_value()) {
+    MLA_ARG_CHECK(attn_sink->scalar_type() == ScalarType::Float && attn_sink->dim() == 1 && attn_sink->size(0) == h_q,
+                  op, "attn_sink must be float32 [h_q] = [" << h_q << "], got "
+                          << scalar_type_name(attn_sink->scalar_type()) << " " << shape_str(*attn_sink));
+  }
+  int64_t total = indices.size(2);
+  if (!extra_kv_cache.has_value()) {
+    MLA_ARG_CHECK(!extra_indices.has_value(), op, "extra_indices given without extra_kv_cache");
+    MLA_ARG_CHECK(!extra_topk_length.has_value(), op, "extra_topk_length given without extra_kv_cache");
+  } else {
+    MLA_ARG_CHECK(extra_indices.has_value(), op, "extra_kv_cache needs extra_indices [b, s_q, extra_topk]");
+    check_kv_cache_v4(*extra_kv_cache, "extra_kv_cache", ds_mla, ScalarType::BFloat16, "q", op);
+    check_v4_index_list(*extra_indices, "extra_indices", b, s_q, extra_topk_length, "extra_topk_length");
+    total += extra_indices->size(2);
+  }
+  MLA_ARG_CHECK(total <= kSparseMaxTopk, op,
+                "topk + extra_topk (the last dims of indices and extra_indices) must be <= " << kSparseMaxTopk
+                                                                                             << ", got " << total);
+  // This path's own limits: the gathered rows are numbered in int32 and the V3 kernels take at
+  // most 65535 query tokens.
+  MLA_ARG_CHECK(b * s_q <= 65535 && b * s_q * total <= INT32_MAX, op,
+                "b * s_q must be <= 65535 and b * s_q * (topk + extra_topk) <= " << INT32_MAX << ", got b " << b
+                                                                                 << ", s_q " << s_q << ", topk + extra_topk "
+                                                                                 << total);
+
+  const CudaDeviceScope device_scope(device);
+  const cudaStream_t stream = current_stream(device);
+  Tensor q_wide = empty_cuda({b, s_q, h_q, kLatentDim}, ScalarType::BFloat16, device);
+  Tensor rows = empty_cuda({b * s_q * total, kLatentDim}, ScalarType::BFloat16, device);
+  Tensor row_index = empty_cuda({b, s_q, total}, ScalarType::Int, device);
+  std::optional<Tensor> topk_length_c, extra_topk_length_c;
+  if (topk_length.has_value()) topk_length_c = contiguous_or_copy(*topk_length);
+  if (extra_topk_length.has_value()) extra_topk_length_c = contiguous_or_copy(*extra_topk_length);
+
+  V4GatherParams g{};
+  g.q = q.data_ptr();
+  g.stride_q_b = q.stride(0);
+  g.stride_q_s = q.stride(1);
+  g.stride_q_h = q.stride(2);
+  g.pool[0] = v4_pool(kv_cache, indices, topk_length_c);
+  if (extra_kv_cache.has_value()) g.pool[1] = v4_pool(*extra_kv_cache, *extra_indices, extra_topk_length_c);
+  g.ds_mla = ds_mla;
+  g.b = static_cast<int>(b);
+  g.s_q = static_cast<int>(s_q);
+  g.h_q = static_cast<int>(h_q);
+  g.q_wide = q_wide.data_ptr();
+  g.rows = rows.data_ptr();
+  g.row_index = static_cast<int32_t*>(row_index.data_ptr());
+  g.stream = stream;
+  run_v4_gather(g);
+
+  std::optional<Tensor> attn_sink_c;
+  if (attn_sink.has_value()) attn_sink_c = contiguous_or_copy(*attn_sink);
+  Tensor out = empty_cuda({b, s_q, h_q, kKvLoraRank}, ScalarType::BFloat16, device);
+  Tensor lse = empty_cuda({b, h_q, s_q}, ScalarType::Float, device);
+  SparseDecodeParams params{};
+  params.q = q_wide.data_ptr();
+  params.kv_cache = rows.data_ptr();
+  params.indices = g.row_index;
+  params.topk_length = nullptr;  // (the lengths made the entries past them -1)
+  params.attn_sink = attn_sink_c.has_value() ? static_cast<const float*>(attn_sink_c->data_ptr()) : nullptr;
+  params.out = out.data_ptr();
+  params.lse = static_cast<float*>(lse.data_ptr());
+  params.batch = static_cast<int>(b);
+  params.s_q = static_cast<int>(s_q);
+  params.h_q = static_cast<int>(h_q);
+  params.topk = static_cast<int>(total);
+  params.stride_q_b = s_q * h_q * kLatentDim;
+  params.stride_q_s = h_q * kLatentDim;
+  params.stride_q_h = kLatentDim;
+  params.stride_indices_b = s_q * total;
+  params.stride_indices_s = total;
+  params.stride_cache_block_bytes = 2 * kLatentDim;  // one row per block
+  params.stride_cache_token_bytes = 2 * kLatentDim;
+  params.block_size = 1;
+  params.num_slots = b * s_q * total;
+  params.softmax_scale = static_cast<float>(softmax_scale);
+  params.format = CacheFormat::kAuto;
+  params.stream = stream;
+  plan_sparse_decode(params, device);
+  std::optional<Tensor> partials;
+  if (params.num_splits > 1) {
+    const int64_t n = params.num_splits * b * s_q * h_q;
+    partials = empty_cuda({n * (kKvLoraRank + 1)}, ScalarType::Float, device);
+    params.partial_out = static_cast<float*>(partials->data_ptr());
+    params.partial_lse = params.partial_out + n * kKvLoraRank;
+  }
+  run_sparse_decode_mla(params, device);
+  return {out, lse};
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(mla_ext, m) {
   m.def(
       "sparse_decode_mla(Tensor q, Tensor kv_cache, Tensor indices, float softmax_scale, str kv_cache_dtype, "
       "Tensor? topk_length=None, Tensor? attn_sink=None) -> (Tensor, Tensor)");
+  m.def(
+      "sparse_decode_mla_v4(Tensor q, Tensor kv_cache, Tensor indices, float softmax_scale, str kv_cache_dtype, "
+      "Tensor? topk_length=None, Tensor? attn_sink=None, Tensor? extra_kv_cache=None, Tensor? extra_indices=None, "
+      "Tensor? extra_topk_length=None) -> (Tensor, Tensor)");
   m.def("sparse_indices_to_slots(Tensor local_indices, Tensor block_table, int block_size, Tensor(a!) slots) -> ()");
   m.def(
       "sparse_compressed_indices(Tensor positions, Tensor token_to_req, Tensor block_table, int block_size, "
@@ -220,6 +384,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(mla_ext, m) {
 
 STABLE_TORCH_LIBRARY_IMPL(mla_ext, CUDA, m) {
   m.impl("sparse_decode_mla", TORCH_BOX(&sparse_decode_mla));
+  m.impl("sparse_decode_mla_v4", TORCH_BOX(&sparse_decode_mla_v4));
   m.impl("sparse_indices_to_slots", TORCH_BOX(&sparse_indices_to_slots));
   m.impl("sparse_compressed_indices", TORCH_BOX(&sparse_compressed_indices));
 }

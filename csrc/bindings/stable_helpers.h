@@ -144,8 +144,9 @@ inline int check_same_cuda_device(const char* op, std::initializer_list<NamedTen
 
 // Makes `device` current for the launches of one call, as a DeviceGuard does, constructing the
 // guard (~0.7 us through the shim) only when another device is current: an engine calls each
-// device's ops from a thread with that device already current.
-class CudaDeviceScope {
+// device's ops from a thread with that device already current. (Hidden, as the guard type it holds
+// is.)
+class __attribute__((visibility("hidden"))) CudaDeviceScope {
  public:
   explicit CudaDeviceScope(int device) {
     int current = -1;
@@ -270,6 +271,50 @@ inline const float* check_kv_cache(const Tensor& kv_cache, CacheFormat format, s
                 "scale must be a float32 tensor with one element, got " << scalar_type_name(scale->scalar_type()) << " "
                                                                         << shape_str(*scale));
   return static_cast<const float*>(scale->data_ptr());
+}
+
+// A DeepSeek-V4 cache [num_blocks, block_size, row]: the C++ twin of check_kv_cache_v4 in
+// mla_ext/_validate_v4.py (same messages). 'auto': rows of 512 in auto_type (the dtype of the
+// tensor named auto_type_of), last dim contiguous. 'fp8_ds_mla': uint8 tokens of 584 bytes whose
+// pages are each one run of 584 * block_size bytes, page strides multiples of 576 bytes.
+inline void check_kv_cache_v4(const Tensor& kv_cache, const char* name, bool ds_mla, ScalarType auto_type,
+                              const char* auto_type_of, const char* op) {
+  MLA_ARG_CHECK(kv_cache.dim() == 3, op, name << " must be [num_blocks, block_size, row], got " << shape_str(kv_cache));
+  const int64_t row = kv_cache.size(2);
+  const ScalarType type = kv_cache.scalar_type();
+  if (!ds_mla) {
+    const bool fp8_bytes = (type == ScalarType::Byte || type == ScalarType::Float8_e4m3fn) && row == kV4TokenBytes;
+    MLA_ARG_CHECK(type == auto_type, op,
+                  "kv_cache_dtype='auto' needs " << name << " of " << auto_type_of << "'s dtype "
+                                                 << scalar_type_name(auto_type) << ", got "
+                      << scalar_type_name(type)
+                      << (fp8_bytes ? ": a uint8 cache of 584-byte tokens is fp8_ds_mla, pass kv_cache_dtype='fp8_ds_mla'"
+                                    : ""));
+    MLA_ARG_CHECK(row == kV4HeadDim, op,
+                  "kv_cache_dtype='auto' needs " << name << " rows of 512 elements (DeepSeek-V4: 448 NoPE + 64 RoPE), got "
+                      << shape_str(kv_cache) << (row == kLatentDim ? " (rows of 576 are the V3 latent layout)" : ""));
+    MLA_ARG_CHECK(kv_cache.stride(2) == 1, op,
+                  name << "'s last dim must be contiguous (stride 1), got strides " << strides_str(kv_cache));
+    return;
+  }
+  MLA_ARG_CHECK(type == ScalarType::Byte, op,
+                name << " must be uint8 for kv_cache_dtype='fp8_ds_mla', got " << scalar_type_name(type));
+  MLA_ARG_CHECK(row == kV4TokenBytes, op,
+                "kv_cache_dtype='fp8_ds_mla' needs " << name << " of DeepSeek-V4 tokens, [num_blocks, block_size, 584] bytes, got "
+                    << shape_str(kv_cache) << (row == kDsMlaRowBytes ? " (656-byte rows are the V3.2 fp8_ds_mla layout)" : ""));
+  const int64_t num_blocks = kv_cache.size(0), block_size = kv_cache.size(1);
+  MLA_ARG_CHECK(kv_cache.stride(2) == 1 && (block_size <= 1 || kv_cache.stride(1) == kV4TokenBytes), op,
+                name << "'s pages must each be one contiguous run of block_size * 584 bytes (strides (page, 584, 1)), "
+                "got strides " << strides_str(kv_cache));
+  if (num_blocks > 1) {
+    const int64_t page = kv_cache.stride(0);
+    const int64_t padded = (kV4TokenBytes * block_size + kV4PageAlign - 1) / kV4PageAlign * kV4PageAlign;
+    MLA_ARG_CHECK(page >= block_size * kV4TokenBytes && page % kV4PageAlign == 0, op,
+                  name << "'s page stride must be a multiple of 576 bytes and at least 584 x block_size = "
+                      << block_size * kV4TokenBytes
+                      << " (the DeepSeek-V4 fp8_ds_mla layout pads each page to " << padded << " bytes for block_size "
+                      << block_size << "), got " << page << "; allocate the cache with mla_ext.formats.empty_kv_cache_v4");
+  }
 }
 
 inline cudaStream_t current_stream(int device) {

@@ -29,6 +29,7 @@
 #include "common/dispatch.h"
 #include "common/sm80.cuh"
 #include "common/vec.cuh"
+#include "cache_write/tile_scale.cuh"
 
 namespace mla {
 namespace {
@@ -37,16 +38,6 @@ constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = 32 * kWarpsPerBlock;
 constexpr int kStages = 4;       // tokens per warp in flight (vector path), 1408 B of smem each
 constexpr int kBlocksPerSm = 4;  // 45 KB of stages per CTA: 4 CTAs (32 warps, 128 tokens) per SM
-
-// fp8_ds_mla tile scale: s = 2^ceil(log2(max(amax / 448, 1e-4))), computed exactly from the bits
-// (no log2f rounding): v = 1.m * 2^e, so ceil(log2 v) = e, plus one when the mantissa is not 0.
-__device__ __forceinline__ float ds_mla_tile_scale(float amax) {
-  const float v = fmaxf(amax / kFp8E4M3Max, 1e-4f);
-  const uint32_t bits = __float_as_uint(v);
-  uint32_t biased_exp = bits >> 23;  // v > 0, so the sign bit is 0
-  if ((bits & 0x7fffffu) != 0) biased_exp += 1;
-  return __uint_as_float(biased_exp << 23);
-}
 
 // Correctly rounded x / s without IEEE division (a call of ~40 instructions per element that
 // made the fp8 write instruction-bound). Markstein's theorem: with y = RN(1/s) and q = RN(x * y)

@@ -20,6 +20,17 @@ inline constexpr int kDsMlaRowBytes = kDsMlaRopeOffset + 2 * kRopeDim;  // 656
 // Largest finite e4m3 value; fp8 stores saturate to it.
 inline constexpr float kFp8E4M3Max = 448.0f;
 
+// DeepSeek-V4 (mla_ext/formats.py): 512-wide heads and rows (448 NoPE + 64 RoPE); an fp8_ds_mla
+// token is a 576-byte data part (448 e4m3, 64 bf16) and an 8-byte scale part (7 UE8M0, a pad byte),
+// the data parts of a page first, its pages padded to a multiple of 576 bytes.
+inline constexpr int kV4HeadDim = 512;
+inline constexpr int kV4NopeDim = 448;
+inline constexpr int kV4Tile = 64;  // NoPE dims per UE8M0 scale
+inline constexpr int kV4DataBytes = 576;
+inline constexpr int kV4ScaleBytes = 8;
+inline constexpr int kV4TokenBytes = kV4DataBytes + kV4ScaleBytes;  // 584
+inline constexpr int kV4PageAlign = 576;                           // page strides are multiples of it
+
 // 16-byte vector accesses (uint4 loads, cp.async) need 16-byte aligned addresses.
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

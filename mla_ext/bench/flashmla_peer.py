@@ -146,6 +146,25 @@ def sparse(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, softm
     return run
 
 
+def sparse_v4(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
+              extra_kv_cache: torch.Tensor, extra_indices: torch.Tensor,
+              extra_topk_length: torch.Tensor | None) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """FlashMLA's DeepSeek-V4 ("MODEL1") sparse decode: q ``[b, s_q, 64 or 128, 512]``, two
+    fp8_ds_mla V4 caches ``[num_blocks, page, 584]`` (uint8, pages padded to multiples of 576
+    bytes, as mla_ext.formats.empty_kv_cache_v4 makes them) with their index lists: returns a
+    function as ``dense`` does."""
+    fm = _state["module"]
+    kv, extra = kv_cache.unsqueeze(2), extra_kv_cache.unsqueeze(2)  # [num_blocks, page, 1, 584]
+    meta, _ = fm.get_mla_metadata()
+
+    def run():
+        return fm.flash_mla_with_kvcache(q, kv, None, None, V_DIM, meta, None, softmax_scale, False, True, indices,
+                                         None, extra, extra_indices, None, extra_topk_length)
+
+    run()
+    return run
+
+
 def pad_heads(q: torch.Tensor, heads: int) -> torch.Tensor:
     """q ``[b, s_q, h_q, d]`` with zero heads appended up to ``heads`` (as an engine pads for FlashMLA)."""
     b, s_q, h_q, d = q.shape
