@@ -129,6 +129,7 @@ if [ "$part" != checks ]; then
   run_bench decode_portable bench/bench_decode.py --portable "${peer[@]}"
   run_bench sparse_vs_flashmla bench/bench_sparse.py "${peer[@]}"
   run_bench sparse_portable bench/bench_sparse.py --portable "${peer[@]}"
+  run_bench sparse_v4_vs_flashmla bench/bench_sparse_v4.py "${peer[@]}"
   run_bench host bench/bench_host.py "${peer[@]}"
   run_bench absorb bench/bench_absorb.py
   run_bench cache_write bench/bench_cache_write.py
