@@ -177,7 +177,7 @@ def test_decode_matches_reference(path, fmt, h_q, s_q, extra, request):
     kw = {}
     if extra is not None:
         cache, xgood, xpoisoned = _pool(2048 // extra, extra, fmt)
-        xlen = _lengths(b, extra_topk).roll(1)  # request 0 empty in the extra pool, 1 full
+        xlen = _lengths(b, extra_topk).roll(1)  # extra list: request 0 cut inside a tile, 1 whole, 2 empty
         xidx = _index_list(b, s_q, extra_topk, xgood, xpoisoned, cache.shape[0] * cache.shape[1], xlen)
         kw = dict(extra_kv_cache=cache, extra_indices=xidx, extra_topk_length=xlen)
     q = torch.randn(b, s_q, h_q, 512, dtype=BF16, device="cuda")
