@@ -322,6 +322,25 @@ def test_small_bf16_kernels(h_q, batch):
     _check(q, cache, idx, "auto", _topk_length(b, 333), torch.randn(h_q, device="cuda"))
 
 
+@pytest.mark.parametrize("path", ["default", "portable"])
+@pytest.mark.parametrize("fmt,h_q", [("fp8_ds_mla", 16), ("fp8_ds_mla", 64), ("fp8_ds_mla", 128), ("auto", 16),
+                                     ("auto", 64)])
+@pytest.mark.parametrize("batch", BATCHES)
+def test_small_nan_row_propagates(path, fmt, h_q, batch, request):
+    """A counted entry on a NaN row makes its query's out and lse NaN, as the spec says, on every
+    kernel and through the split combine, also when it is the only valid entry of its list (every
+    other split empty); the other queries are unaffected."""
+    use_path(request, path)
+    b = batch_size(batch, 1, h_q)
+    q, cache, idx, poisoned = _case(b, 1, h_q, 333, 64, fmt)
+    idx[0, 0, 5] = poisoned[0]  # one NaN row among valid ones
+    idx[1, 0, :] = -1
+    idx[1, 0, 200] = poisoned[1]  # the only valid entry
+    out, lse = mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt)
+    assert torch.isnan(out[:2]).all() and torch.isnan(lse[:2]).all()
+    _compare(q, cache, idx, fmt, None, None, out, lse)
+
+
 def _portable_config(tile, fmt, stages, e4m3_frags=False, row_threads=8, bulk_rows=False, copy_warps=0, pv_raw=False):
     """csrc/sparse/portable/sparse_decode_portable.cuh's PortableConfig, as the kernel's name shows it."""
     return "PortableConfig", (tile, CACHE_FORMAT[fmt], stages, e4m3_frags, row_threads, bulk_rows, copy_warps, pv_raw)

@@ -42,6 +42,10 @@ __device__ __forceinline__ void fma4(float4& acc, float w, const float4& v) {
   acc.w = fmaf(w, v.w, acc.w);
 }
 
+// max that keeps NaN (fmaxf drops it): a NaN partial lse (a NaN row among the attended) must reach
+// the merged lse and output, also when every other piece is empty.
+__device__ __forceinline__ float max_keep_nan(float a, float b) { return a != a ? a : (b != b ? b : fmaxf(a, b)); }
+
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float a, float b) {
   const T lo = from_float<T>(a), hi = from_float<T>(b);
@@ -114,7 +118,7 @@ __global__ void __launch_bounds__(kThreads) split_combine_kernel(const __grid_co
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (p.lse_is_natural) l[u] *= kLog2e;
-        m_new = fmaxf(m_new, l[u]);
+        m_new = max_keep_nan(m_new, l[u]);
       }
       if (m_new == -INFINITY) continue;  // only empty pieces so far
       const float alpha = exp2f(m - m_new);  // 0 while m is -inf
@@ -135,7 +139,7 @@ __global__ void __launch_bounds__(kThreads) split_combine_kernel(const __grid_co
     if (threadIdx.x < kLanes) {
       float mx = -INFINITY;
 #pragma unroll
-      for (int gg = 0; gg < kGroups; ++gg) mx = fmaxf(mx, max_smem[gg]);
+      for (int gg = 0; gg < kGroups; ++gg) mx = max_keep_nan(mx, max_smem[gg]);
       float total = 0.f;
       float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
       if (mx != -INFINITY) {

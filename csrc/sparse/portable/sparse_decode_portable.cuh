@@ -1263,7 +1263,8 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
       float l_total = 0.f;
 #pragma unroll
       for (int g = 0; g < Cfg::kColGroups; ++g) l_total += s_red[g * kM + r];
-      const bool any = l_total > 0.f;
+      // 0: nothing attended (out 0, lse -inf); NaN (a NaN row among the attended) propagates.
+      const bool any = l_total != 0.f;
       const float inv = any ? 1.f / l_total : 0.f;
       const float lse = any ? (s_mfin[r] + log2f(l_total)) * 0.6931471805599453f : -INFINITY;
       // 1 / l, times R (fp8_ds_mla), times the sink factor (unsplit only; the combine applies it).

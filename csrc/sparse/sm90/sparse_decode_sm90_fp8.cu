@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
   for (int hh = 0; hh < 2; ++hh) {
     const int r = r_lo + 8 * hh, h = h0 + r;
     if (h >= p.h_q) continue;
-    const bool any = l_run[hh] > 0.f;
+    const bool any = l_run[hh] != 0.f;  // 0: nothing attended; NaN (a NaN row attended) propagates
     const float inv = any ? 1.f / l_run[hh] : 0.f;
     const float lse = any ? (m_run[hh] + log2f(l_run[hh])) * 0.6931471805599453f : -INFINITY;
     const float sink = p.num_splits == 1 && p.attn_sink != nullptr ? attn_sink_factor(lse, p.attn_sink[h]) : 1.f;
