@@ -11,8 +11,8 @@ name           cache tensor                  one token's row
                                              528-655 ``k_pe`` as 64 bf16, not quantised
 =============  ============================  ==============================================
 
-DeepSeek-V4 (reference only: the kernels are not written yet)
--------------------------------------------------------------
+DeepSeek-V4 (the ops: mla_ext.v4)
+---------------------------------
 
 V4 heads are 512 wide: 448 NoPE dims then 64 RoPE dims, and one cache row holds the same 512
 (``kv [T, 512]``). Attention scores use all 512 dims and the value is the whole 512-wide row, RoPE
@@ -111,7 +111,7 @@ def empty_kv_cache(
 
 
 # --------------------------------------------------------------------------------------------
-# DeepSeek-V4 (see the module docstring; reference only)
+# DeepSeek-V4 (see the module docstring; the ops are in mla_ext/v4.py)
 # --------------------------------------------------------------------------------------------
 # Format strings: V4 layers take the same kv_cache_dtype strings as V3 ('auto', 'fp8_ds_mla'),
 # as vLLM's --kv-cache-dtype does for both models; what differs is the head dim (q [..., 512] and

@@ -571,7 +571,7 @@ def decode_plan(seq_lens: torch.Tensor, s_q: int, h_q: int, num_sms: int) -> tup
 
 
 # ============================================================================================
-# DeepSeek-V4 (reference only: no kernels or torch ops yet; these functions are the spec)
+# DeepSeek-V4: the spec of the ops in mla_ext/v4.py (their CPU implementations call these)
 # ============================================================================================
 # V4 heads are 512 wide (448 NoPE + 64 RoPE), the cache row is the same 512 dims, and the value is
 # the whole row. Layouts in mla_ext/formats.py. Unlike the V3 functions above (whose op modules
