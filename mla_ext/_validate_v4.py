@@ -1,5 +1,6 @@
-"""Input checks of the DeepSeek-V4 reference functions (mla_ext/reference.py), and of the V4 ops'
-CPU implementations and fakes once those exist.
+"""Input checks of the DeepSeek-V4 reference functions (mla_ext/reference.py), which are the V4
+ops' CPU implementations, and of the ops' fakes and checked mode (mla_ext/v4.py); on CUDA the C++
+bindings check the same, with the same messages.
 
 Same conventions as _validate.py, whose helpers they use: each message names the argument, what
 was expected and what it got; only metadata is inspected (shapes, dtypes, strides, devices), except
