@@ -36,7 +36,6 @@ void run_concat_and_cache_mla(const CacheWriteParams& params);
 // [num_blocks, block_size, 512] rows of kv's dtype. 'fp8_ds_mla': per page of block_size tokens,
 // token t's 576-byte data part (448 e4m3 NoPE bytes, 64 bf16 RoPE dims) at 576 t and its 8-byte
 // scale part (7 UE8M0 bytes, a zero pad byte) at 576 block_size + 8 t (constants: common/types.h).
-
 struct CacheWriteV4Params {
   const void* __restrict__ kv;               // [num_tokens, 512] bf16/fp16, row stride below
   void* __restrict__ kv_cache;               // auto: [num_blocks, block_size, 512]; fp8_ds_mla: pages
