@@ -295,8 +295,9 @@ def sparse_decode_mla(
     Scores over all 576 dims times ``softmax_scale``, values = the first 512 dims of the same rows.
     Invalid entries (negative, ``>= num_blocks * block_size``, or at positions ``>=
     topk_length[i]``) are masked out and their rows never read; duplicates count as often as they
-    appear. A query with no valid entry gives out 0 and lse -inf. ``attn_sink [h_q]`` fp32 scales
-    out by ``e^lse / (e^lse + e^sink)`` (lse unchanged; +inf gives 0, -inf leaves out as is).
+    appear. A query with no valid entry gives out 0 and lse -inf; a valid row holding NaN makes its
+    query's out and lse NaN. ``attn_sink [h_q]`` fp32 scales out by ``e^lse / (e^lse + e^sink)``
+    (lse unchanged; +inf gives 0, -inf leaves out as is).
 
     Returns ``out [b, s_q, h_q, 512]`` in q's dtype and ``lse [b, h_q, s_q]`` fp32 (natural log).
     """
@@ -312,11 +313,22 @@ def sparse_decode_mla(
     raw_rows = kv_cache[safe // block_size, safe % block_size]  # [b, s_q, topk, row]
     rows = dequantize_cache(raw_rows, kv_cache_dtype)
     rows = torch.where(valid.unsqueeze(-1), rows, torch.zeros_like(rows))
+    return attend_selected(q, rows, valid, softmax_scale, attn_sink, KV_LORA_RANK)
+
+
+def attend_selected(q: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, softmax_scale: float,
+                    attn_sink: torch.Tensor | None, value_dims: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention of the sparse decodes (V3.2 and V4) over the rows each query selected: ``q [b,
+    s_q, h_q, d]``, ``rows`` fp32 ``[b, s_q, k, d]`` (zeros at invalid entries), ``valid [b, s_q,
+    k]``; scores ``q . row * softmax_scale`` over all d dims, value = the first ``value_dims`` dims.
+    Nothing valid: out 0, lse -inf. A NaN score (a valid row holding NaN) makes the query's out and
+    lse NaN. ``attn_sink``: out times ``e^lse / (e^lse + e^sink)``, lse unchanged. Returns ``out [b,
+    s_q, h_q, value_dims]`` in q's dtype and ``lse [b, h_q, s_q]`` fp32 (natural log)."""
     scores = torch.einsum("bshd,bskd->bshk", q.float(), rows) * softmax_scale
     scores = scores.masked_fill(~valid.unsqueeze(2), float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # [b, s_q, h_q]; -inf where nothing is valid
-    probs = softmax_probs(scores)
-    out = torch.einsum("bshk,bskd->bshd", probs, rows[..., :KV_LORA_RANK])
+    lse = torch.logsumexp(scores, dim=-1)  # [b, s_q, h_q]; -inf where nothing is valid, NaN at a NaN score
+    out = torch.einsum("bshk,bskd->bshd", softmax_probs(scores), rows[..., :value_dims])
+    out = torch.where(torch.isnan(lse).unsqueeze(-1), float("nan"), out)  # softmax_probs would give 0 there
     if attn_sink is not None:
         out = out * sink_factor(lse, attn_sink).unsqueeze(-1)
     return out.to(q.dtype), lse.permute(0, 2, 1).contiguous()
@@ -759,11 +771,4 @@ def sparse_decode_mla_v4(
         extra_rows, extra_valid = _v4_pool(extra_kv_cache, extra_indices, extra_topk_length, fmt)
         rows = torch.cat([rows, extra_rows], dim=2)  # [b, s_q, topk + extra_topk, 512]
         valid = torch.cat([valid, extra_valid], dim=2)
-    scores = torch.einsum("bshd,bskd->bshk", q.float(), rows) * softmax_scale
-    scores = scores.masked_fill(~valid.unsqueeze(2), float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # [b, s_q, h_q]; -inf where nothing is valid, NaN at a NaN score
-    out = torch.einsum("bshk,bskd->bshd", softmax_probs(scores), rows)
-    out = torch.where(torch.isnan(lse).unsqueeze(-1), float("nan"), out)  # softmax_probs would give 0 there
-    if attn_sink is not None:
-        out = out * sink_factor(lse, attn_sink).unsqueeze(-1)
-    return out.to(q.dtype), lse.permute(0, 2, 1).contiguous()
+    return attend_selected(q, rows, valid, softmax_scale, attn_sink, V4_HEAD_DIM)  # the value: the whole row
