@@ -12,7 +12,6 @@ checked once before it is timed: mla_ext's out against FlashMLA's (cosine simila
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 
 import torch
@@ -23,6 +22,7 @@ from ..decode import decode_mla, get_decode_plan
 from ..formats import LATENT_DIM, cache_torch_dtype, canonical_format, empty_kv_cache, row_width
 from . import flashmla_peer
 from .harness import Roofline, Row, Timer, check_outputs, fmt_ratio, fmt_us, graph_time_us, markdown_table
+from .harness import speedup_summary
 
 NAME = "decode_mla"
 FORMATS = ("auto", "fp8", "fp8_ds_mla")
@@ -285,19 +285,9 @@ def table(rows: list[dict]) -> str:
 
 
 def summary(rows: list[dict]) -> str:
-    """Geometric-mean speed-up over FlashMLA per format, and how many rows mla_ext wins."""
-    lines = []
-    for fmt in BENCH_FORMATS:
-        pairs = [(r["peer_us"], r["mla_ext_us"]) for r in rows if r["format"] == fmt and r["peer_us"]]
-        if pairs:
-            gm = math.exp(sum(math.log(p / m) for p, m in pairs) / len(pairs))
-            wins = sum(p > m for p, m in pairs)
-            lines.append(f"{fmt}: speed-up over FlashMLA (bf16) geomean {gm:.2f}x, "
-                         f"faster in {wins} of {len(pairs)} cases")
-    failed = [f"{r['case']} {r['format']}" for r in rows if "check_failed" in r]
-    if failed:
-        lines.append("check failed: " + ", ".join(failed))
-    return "\n".join(lines)
+    """Geometric-mean speed-up over FlashMLA (which reads bf16) per format, and how many rows mla_ext wins."""
+    return speedup_summary({fmt: [r for r in rows if r["format"] == fmt] for fmt in BENCH_FORMATS},
+                           peer="FlashMLA (bf16)")
 
 
 NOTES = (

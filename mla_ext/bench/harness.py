@@ -28,6 +28,7 @@ import dataclasses
 import datetime
 import gc
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -350,6 +351,28 @@ def fmt_us(us: float | None) -> str:
 
 def fmt_ratio(num: float | None, den: float | None) -> str:
     return "—" if num is None or den is None or den <= 0 else f"{num / den:.2f}x"
+
+
+def fmt_tflops(flops: float, us: float | None) -> str:
+    return "—" if us is None or us <= 0 else f"{flops / us / 1e6:.0f}"
+
+
+def speedup_summary(groups: dict[str, list[dict]], peer: str = "FlashMLA") -> str:
+    """The lines a peer benchmark prints after its table: per group of rows (label -> rows with
+    "peer_us" and "mla_ext_us"), the geometric-mean speed-up over the peer, its range and how many
+    rows mla_ext wins; then the rows whose check failed (their "case", and "format" if any)."""
+    lines = []
+    for label, rows in groups.items():
+        ratios = [r["peer_us"] / r["mla_ext_us"] for r in rows if r["peer_us"] and r["mla_ext_us"]]
+        if ratios:
+            gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            lines.append(f"{label}: speed-up over {peer} geomean {gm:.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x), "
+                         f"faster in {sum(x > 1 for x in ratios)} of {len(ratios)} cases")
+    failed = [" ".join(filter(None, (r["case"], r.get("format")))) for rs in groups.values() for r in rs
+              if "check_failed" in r]
+    if failed:
+        lines.append("check failed: " + ", ".join(failed))
+    return "\n".join(lines)
 
 
 def write_results(name: str, rows: Sequence[Row | dict], roofline: Roofline | None, out_dir: str, *,

@@ -15,7 +15,6 @@ replay of 20 calls. FLOPs = 2 * h_q * s_q * topk_valid * (576 + 512) per request
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 
 import torch
@@ -25,7 +24,8 @@ from ..cache import concat_and_cache_mla
 from ..formats import LATENT_DIM, empty_kv_cache
 from ..sparse import sparse_decode_mla
 from . import flashmla_peer
-from .harness import Roofline, Row, Timer, check_outputs, fmt_ratio, fmt_us, graph_time_us, markdown_table
+from .harness import Roofline, Row, Timer, check_outputs, fmt_ratio, fmt_tflops, fmt_us, graph_time_us, markdown_table
+from .harness import speedup_summary
 
 NAME = "sparse_decode_mla"
 FORMATS = ("fp8_ds_mla", "auto")  # of the self-check; the benchmark runs fp8_ds_mla (FlashMLA's format)
@@ -189,33 +189,20 @@ def bench_vs_peer(quick: bool = False, only: str | None = None, use_peer: bool =
     return rows
 
 
-def _tflops(flops: float, us: float | None) -> str:
-    return "—" if us is None or us <= 0 else f"{flops / us / 1e6:.0f}"
-
-
 def table(rows: list[dict]) -> str:
     """case, mla_ext us and TFLOPS, FlashMLA us and TFLOPS (the same FLOPs: the h_q heads' work, also
     where FlashMLA ran padded heads), speed-up (FlashMLA / mla_ext). (!) marks a failed check."""
     h_q = {r["case"]: int(re.search(r"_h(\d+)_", r["case"]).group(1)) for r in rows}
     body = [[r["case"] + (" (!)" if "check_failed" in r else ""), fmt_us(r["mla_ext_us"]),
-             _tflops(r["flops"], r["mla_ext_us"]),
+             fmt_tflops(r["flops"], r["mla_ext_us"]),
              fmt_us(r["peer_us"]) + (f" (h {r['peer_h_q']})" if r["peer_us"] is not None
                                      and r["peer_h_q"] != h_q.get(r["case"]) else ""),
-             _tflops(r["flops"], r["peer_us"]), fmt_ratio(r["peer_us"], r["mla_ext_us"])] for r in rows]
+             fmt_tflops(r["flops"], r["peer_us"]), fmt_ratio(r["peer_us"], r["mla_ext_us"])] for r in rows]
     return markdown_table(["case", "mla_ext us", "mla_ext TFLOPS", "FlashMLA us", "FlashMLA TFLOPS", "speed-up"], body)
 
 
 def summary(rows: list[dict]) -> str:
-    pairs = [(r["peer_us"], r["mla_ext_us"]) for r in rows if r["peer_us"]]
-    lines = []
-    if pairs:
-        gm = math.exp(sum(math.log(p / m) for p, m in pairs) / len(pairs))
-        lines.append(f"fp8_ds_mla: speed-up over FlashMLA geomean {gm:.2f}x, faster in "
-                     f"{sum(p > m for p, m in pairs)} of {len(pairs)} cases")
-    failed = [r["case"] for r in rows if "check_failed" in r]
-    if failed:
-        lines.append("check failed: " + ", ".join(failed))
-    return "\n".join(lines)
+    return speedup_summary({"fp8_ds_mla": rows})
 
 
 NOTES = (

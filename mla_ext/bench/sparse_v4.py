@@ -22,7 +22,7 @@ from .. import reference
 from ..formats import empty_kv_cache_v4
 from ..v4 import concat_and_cache_mla_v4, sparse_decode_mla_v4
 from . import flashmla_peer
-from .harness import check_outputs, fmt_ratio, fmt_us, graph_time_us, markdown_table
+from .harness import check_outputs, fmt_ratio, fmt_tflops, fmt_us, graph_time_us, markdown_table, speedup_summary
 
 S_Q, TOPK, MAIN_PAGE, TOKENS = 2, 128, 256, 16384
 SOFTMAX_SCALE = 512**-0.5
@@ -132,28 +132,15 @@ def bench_vs_peer(quick: bool = False, only: str | None = None, use_peer: bool =
     return [run_case(c, use_peer, seed=CASES.index(c)) for c in select_cases(quick, only)]
 
 
-def _tflops(flops: float, us: float | None) -> str:
-    return "—" if us is None or us <= 0 else f"{flops / us / 1e6:.0f}"
-
-
 def table(rows: list[dict]) -> str:
     body = [[r["case"] + (" (!)" if "check_failed" in r else ""), fmt_us(r["mla_ext_us"]),
-             _tflops(r["flops"], r["mla_ext_us"]), fmt_us(r["peer_us"]), _tflops(r["flops"], r["peer_us"]),
+             fmt_tflops(r["flops"], r["mla_ext_us"]), fmt_us(r["peer_us"]), fmt_tflops(r["flops"], r["peer_us"]),
              fmt_ratio(r["peer_us"], r["mla_ext_us"])] for r in rows]
     return markdown_table(["case", "mla_ext us", "mla_ext TFLOPS", "FlashMLA us", "FlashMLA TFLOPS", "speed-up"], body)
 
 
 def summary(rows: list[dict]) -> str:
-    pairs = [(r["peer_us"], r["mla_ext_us"]) for r in rows if r["peer_us"]]
-    lines = []
-    if pairs:
-        ratios = [p / m for p, m in pairs]
-        lines.append(f"fp8_ds_mla_v4: speed-up over FlashMLA {min(ratios):.2f}-{max(ratios):.2f}x, faster in "
-                     f"{sum(r > 1 for r in ratios)} of {len(ratios)} cases")
-    failed = [r["case"] for r in rows if "check_failed" in r]
-    if failed:
-        lines.append("check failed: " + ", ".join(failed))
-    return "\n".join(lines)
+    return speedup_summary({"fp8_ds_mla_v4": rows})
 
 
 NOTES = (
