@@ -40,7 +40,7 @@ def _environment() -> bool:
     sm90 = (props.major, props.minor) == (9, 0) and not forced
     print("kernel paths: portable (mma.sync, cp.async) for every op"
           + (" (MLA_EXT_FORCE_PORTABLE set)" if forced else "")
-          + ("; sm90-specific: decode (fp8 caches with <= 16 rows: QK^T on wgmma, TMA tiles; every format"
+          + ("; sm90-specific: decode (fp8 caches with <= 32 rows: QK^T on wgmma, TMA tiles; every format"
              " with > 32 rows: wgmma, 16-bit caches copied by TMA in tile pairs), sparse fp8_ds_mla"
              " (wgmma for 64-head tiles, bulk-copy gather), v_up (wgmma, large T)" if sm90 else ""))
     return True

@@ -327,13 +327,14 @@ def decode_mla(
 @torch.library.register_kernel("mla_ext::decode_plan", "cpu")
 def _decode_plan_cpu(seq_lens, s_q, h_q, kv_cache_dtype, num_sms):
     _validate_plan_args(seq_lens, s_q, h_q, kv_cache_dtype, num_sms)
-    return reference.decode_plan(seq_lens, s_q, h_q, num_sms)
+    return reference.decode_plan(seq_lens, s_q, h_q, num_sms, kv_cache_dtype)
 
 
 @torch.library.register_fake("mla_ext::decode_plan")
 def _decode_plan_fake(seq_lens, s_q, h_q, kv_cache_dtype, num_sms):
     _validate_plan_args(seq_lens, s_q, h_q, kv_cache_dtype, num_sms)
-    return (seq_lens.new_empty(reference.decode_num_parts(num_sms, s_q, h_q), reference.DECODE_SCHEDULE_FIELDS),
+    return (seq_lens.new_empty(reference.decode_num_parts(num_sms, s_q, h_q, kv_cache_dtype),
+                               reference.DECODE_SCHEDULE_FIELDS),
             seq_lens.new_empty(seq_lens.shape[0], reference.DECODE_SPLIT_INFO_FIELDS))
 
 

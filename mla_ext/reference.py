@@ -486,15 +486,18 @@ DECODE_MAX_BATCH = 65535  # requests of one plan (the kernels' grids)
 DECODE_MAX_PARTS = 4096
 
 
-def decode_block_m(num_rows: int) -> int:
-    """Query rows (s_q x h_q) per CTA of the decode kernel."""
+def decode_block_m(num_rows: int, kv_cache_dtype: str = "auto") -> int:
+    """Query rows (s_q x h_q) per CTA of the decode kernel: 16, 32 or 64; fp8 caches 16 up to 32 rows
+    (their 16-row kernel converts in registers, and two such CTAs beat one 32- or 64-row tile)."""
+    if kv_cache_dtype != "auto" and num_rows <= 32:
+        return 16
     return 16 if num_rows <= 16 else 32 if num_rows <= 32 else 64
 
 
-def decode_num_parts(num_sms: int, s_q: int, h_q: int) -> int:
+def decode_num_parts(num_sms: int, s_q: int, h_q: int, kv_cache_dtype: str = "auto") -> int:
     """Parts of a decode schedule: the SMs divided among the row blocks of one request."""
     rows = s_q * h_q
-    bm = decode_block_m(rows)
+    bm = decode_block_m(rows, kv_cache_dtype)
     return max(1, num_sms // ((rows + bm - 1) // bm))
 
 
@@ -512,9 +515,10 @@ def decode_workspace_shape(num_parts: int, b: int, s_q: int, h_q: int) -> tuple[
     return decode_max_partials(num_parts, b), s_q, h_q, KV_LORA_RANK + 1
 
 
-def decode_plan(seq_lens: torch.Tensor, s_q: int, h_q: int, num_sms: int) -> tuple[torch.Tensor, torch.Tensor]:
+def decode_plan(seq_lens: torch.Tensor, s_q: int, h_q: int, num_sms: int,
+                kv_cache_dtype: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """The split-KV schedule: ``schedule int32 [num_parts, 8]`` (``num_parts =
-    decode_num_parts(num_sms, s_q, h_q)``) and ``split_info int32 [b, 2]``.
+    decode_num_parts(num_sms, s_q, h_q, kv_cache_dtype)``) and ``split_info int32 [b, 2]``.
 
     Request r costs ``tiles[r] + overhead``. Laid end to end, request r occupies ``[C[r], C[r+1])``
     of the cost line (its overhead first, then tile k at ``C[r] + overhead + k``), and the ``U =
@@ -533,7 +537,7 @@ def decode_plan(seq_lens: torch.Tensor, s_q: int, h_q: int, num_sms: int) -> tup
     lens = [max(0, int(x)) for x in seq_lens.tolist()]
     b = len(lens)
     tiles = [(n + DECODE_BLOCK_N - 1) // DECODE_BLOCK_N for n in lens]
-    num_parts = decode_num_parts(num_sms, s_q, h_q)
+    num_parts = decode_num_parts(num_sms, s_q, h_q, kv_cache_dtype)
     starts = [0]  # starts[r] = C[r]; starts[b] = total
     for t in tiles:
         starts.append(starts[-1] + t + overhead)

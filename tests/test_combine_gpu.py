@@ -102,7 +102,7 @@ def test_plan_for_other_geometry(plan_geom, call_geom):
     s_q, h_q, fmt = call_geom
     inp = make_inputs([30000, 5, 4000, 0, 129], s_q, h_q, 64, fmt, device="cuda")
     sched, info = torch.ops.mla_ext.decode_plan(inp["seq_lens"], plan_geom[0], plan_geom[1], plan_geom[2], 132)
-    assert sched.shape == (reference.decode_num_parts(132, plan_geom[0], plan_geom[1]), 8)
+    assert sched.shape == (reference.decode_num_parts(132, *plan_geom), 8)
     out, lse = torch.ops.mla_ext.decode_mla(inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"],
                                             inp["softmax_scale"], fmt, True, inp["scale"], sched, info, False)
     _check_dense(inp, out, lse)

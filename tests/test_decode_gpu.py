@@ -551,15 +551,20 @@ def _dispatch_cases() -> list[DispatchCase]:
         add(f"{fmt}_fp16_bs64", fmt, 64, raw16, dtype=_FP16)
         add(f"{fmt}_fp16_bs16_rowpad", fmt, 16, rows16, dtype=_FP16, row_pad=16)
         add(f"{fmt}_fp16_bs61_pagepad", fmt, 61, rows16, dtype=_FP16, page_pad=3)
-    # 17-32 rows: on sm90 the 64-row kernels below (one tile, rows padded); the portable 32-row kernel
-    # when forced.
-    for fmt in FORMATS:
-        arch16 = _pairs(_BF16, True) if fmt == "auto" else _wgmma(_BF16, fmt)
-        add(f"{fmt}_s2_h16_bs16", fmt, 16, arch16, _portable(_BF16, fmt, 32), s_q=2)
-        add(f"{fmt}_fp16_h20_bs61", fmt, 61, _wgmma(_FP16, fmt), _portable(_FP16, fmt, 32), h_q=20, dtype=_FP16,
-            page_pad=3)
-        add(f"{fmt}_h32_bs64", fmt, 64, _pairs(_BF16, False) if fmt == "auto" else _wgmma(_BF16, fmt),
-            _portable(_BF16, fmt, 32), h_q=32)
+    # 17-32 rows. 16-bit cache: on sm90 the 64-row kernels below (one tile, rows padded), the portable
+    # 32-row kernel when forced. fp8 caches: the fp8 16-row kernel, two row blocks.
+    add("auto_s2_h16_bs16", "auto", 16, _pairs(_BF16, True), _portable(_BF16, "auto", 32), s_q=2)
+    add("auto_fp16_h20_bs61", "auto", 61, _wgmma(_FP16, "auto"), _portable(_FP16, "auto", 32), h_q=20, dtype=_FP16,
+        page_pad=3)
+    add("auto_h32_bs64", "auto", 64, _pairs(_BF16, False), _portable(_BF16, "auto", 32), h_q=32)
+    for fmt in ("fp8", "fp8_ds_mla"):
+        add(f"{fmt}_s2_h16_bs16", fmt, 16, _fp8_16_rows(_BF16, fmt, qk_wgmma=True, tma=_TMA_PAGES),
+            _fp8_16_rows(_BF16, fmt, raw_rows=True), s_q=2)
+        add(f"{fmt}_fp16_h20_bs61", fmt, 61, _fp8_16_rows(_FP16, fmt), h_q=20, dtype=_FP16, page_pad=3)
+        add(f"{fmt}_h32_bs64", fmt, 64, _fp8_16_rows(_BF16, fmt, qk_wgmma=True, tma=_TMA_WHOLE_PAGE),
+            _fp8_16_rows(_BF16, fmt, raw_rows=True), h_q=32)
+        add(f"{fmt}_s2_h13_bs48", fmt, 48, _fp8_16_rows(_BF16, fmt, qk_wgmma=True), _fp8_16_rows(_BF16, fmt, raw_rows=True),
+            s_q=2, h_q=13)
     # > 32 rows. sm90, 16-bit cache: the tile-pairs kernel where the tensor map builds (page boxes
     # for block sizes 8, 16, 32), else decode_split_wgmma.cu; fp8 caches: decode_split_wgmma.cu
     # (fp16 q too). Forced portable: the portable 64-row kernel.
@@ -613,6 +618,8 @@ SMALL_CASES = [
     ("auto_h64_bs64", "portable"),          # the portable 64-row kernel, each format
     ("fp8_h64_bs64", "portable"),
     ("fp8_ds_mla_s3_h16_bs61_pagepad", "portable"),
+    ("fp8_ds_mla_s2_h13_bs48", "default"),  # fp8 16-row kernel, two row blocks (26 rows)
+    ("fp8_s2_h13_bs48", "portable"),
 ]
 
 

@@ -3,17 +3,18 @@
 //
 //   rows per CTA      format            sm90                                  portable (sm100, forced portable)
 //   16 (<= 16 rows)   auto              portable::decode_split<16>            the same
-//                     fp8, fp8_ds_mla   bf16 q: fp8_16rows, QK^T on wgmma:    fp8_16rows on mma.sync: raw rows
+//   16 (<= 32 rows)   fp8, fp8_ds_mla   bf16 q: fp8_16rows, QK^T on wgmma:    fp8_16rows on mma.sync: raw rows
 //                                       TMA tiles where the tensor map        by bulk copies where rows are
 //                                       builds, else cp.async rows;           packed and block_size % 16 == 0,
 //                                       fp16 q: as portable                   else row copies
-//   32 (17-32 rows)   every format      as 64 rows (one tile, padded)         portable::decode_split<32>
+//   32 (17-32 rows)   auto              as 64 rows (one tile, padded)         portable::decode_split<32>
 //   64 (> 32 rows)    auto              hopper::wgmma_pairs where the tensor  portable::decode_split<64>
 //                                       map builds, else hopper::wgmma
 //                     fp8, fp8_ds_mla   hopper::wgmma (fp16 q too)            portable::decode_split<64>
 // (17-32 rows on sm90: the 64-row wgmma kernels with the rows padded, as FlashMLA pads every head
 // count to 64, run at the time of 64 rows, ~0.77x of the portable 32-row kernel's on the H200; the
-// m-block count, hence the plan, is the same either way.)
+// m-block count, hence the plan, is the same either way. fp8 caches, 17-32 rows: two 16-row CTAs per
+// part, each converting in registers, read the same tiles, the second mostly from L2.)
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
@@ -33,7 +34,10 @@
 
 namespace mla::decode {
 
-int block_m_for(int num_rows, CacheFormat /*format*/) {
+int block_m_for(int num_rows, CacheFormat format) {
+  // fp8 caches: the 16-row kernel (conversion in registers) for up to 32 rows, as two row blocks;
+  // their CTAs read the same tiles, the second mostly from L2.
+  if (format != CacheFormat::kAuto && num_rows <= 32) return 16;
   if (num_rows <= 16) return 16;
   if (num_rows <= 32) return 32;
   return 64;
