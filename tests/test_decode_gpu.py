@@ -563,8 +563,8 @@ def _dispatch_cases() -> list[DispatchCase]:
         add(f"{fmt}_fp16_h20_bs61", fmt, 61, _fp8_16_rows(_FP16, fmt), h_q=20, dtype=_FP16, page_pad=3)
         add(f"{fmt}_h32_bs64", fmt, 64, _fp8_16_rows(_BF16, fmt, qk_wgmma=True, tma=_TMA_WHOLE_PAGE),
             _fp8_16_rows(_BF16, fmt, raw_rows=True), h_q=32)
-        add(f"{fmt}_s2_h13_bs48", fmt, 48, _fp8_16_rows(_BF16, fmt, qk_wgmma=True), _fp8_16_rows(_BF16, fmt, raw_rows=True),
-            s_q=2, h_q=13)
+        add(f"{fmt}_s2_h13_bs48", fmt, 48, _fp8_16_rows(_BF16, fmt, qk_wgmma=True),
+            _fp8_16_rows(_BF16, fmt, raw_rows=True), s_q=2, h_q=13)
     # > 32 rows. sm90, 16-bit cache: the tile-pairs kernel where the tensor map builds (page boxes
     # for block sizes 8, 16, 32), else decode_split_wgmma.cu; fp8 caches: decode_split_wgmma.cu
     # (fp16 q too). Forced portable: the portable 64-row kernel.
