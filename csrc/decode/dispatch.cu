@@ -11,10 +11,10 @@
 //   64 (> 32 rows)    auto              hopper::wgmma_pairs where the tensor  portable::decode_split<64>
 //                                       map builds, else hopper::wgmma
 //                     fp8, fp8_ds_mla   hopper::wgmma (fp16 q too)            portable::decode_split<64>
-// (17-32 rows on sm90: the 64-row wgmma kernels with the rows padded, as FlashMLA pads every head
-// count to 64, run at the time of 64 rows, ~0.77x of the portable 32-row kernel's on the H200; the
-// m-block count, hence the plan, is the same either way. fp8 caches, 17-32 rows: two 16-row CTAs per
-// part, each converting in registers, read the same tiles, the second mostly from L2.)
+// (16-bit caches, 17-32 rows on sm90: the 64-row wgmma kernels with the rows padded, as FlashMLA pads
+// every head count to 64, run at the time of 64 rows, ~0.77x of the portable 32-row kernel's on the
+// H200; the m-block count, hence the plan, is the same either way. fp8 caches, 17-32 rows: two 16-row
+// CTAs per part, each converting in registers, read the same tiles, the second mostly from L2.)
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
@@ -35,9 +35,7 @@
 namespace mla::decode {
 
 int block_m_for(int num_rows, CacheFormat format) {
-  // fp8 caches: the 16-row kernel (conversion in registers) for up to 32 rows, as two row blocks;
-  // their CTAs read the same tiles, the second mostly from L2.
-  if (format != CacheFormat::kAuto && num_rows <= 32) return 16;
+  if (format != CacheFormat::kAuto && num_rows <= 32) return 16;  // fp8: the 16-row kernel (see above)
   if (num_rows <= 16) return 16;
   if (num_rows <= 32) return 32;
   return 64;
@@ -108,8 +106,9 @@ void run_split(DecodeParams& p, bool sm90) {
         case 16:
           if constexpr (kFormat == CacheFormat::kAuto) return portable::launch_decode_split<scalar_t, kFormat, 16>(p);
           else return launch_fp8_16_rows<scalar_t, kFormat>(p, sm90);
-        case 32:
-          if (!sm90) return portable::launch_decode_split<scalar_t, kFormat, 32>(p);
+        case 32:  // 16-bit caches only (block_m_for)
+          if constexpr (kFormat == CacheFormat::kAuto)
+            if (!sm90) return portable::launch_decode_split<scalar_t, kFormat, 32>(p);
           [[fallthrough]];
         case 64:
           if (!sm90) return portable::launch_decode_split<scalar_t, kFormat, 64>(p);
