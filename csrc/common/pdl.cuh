@@ -4,7 +4,9 @@
 // pdl_launch_dependents or exited, and must call pdl_wait_prerequisites before it reads what that
 // kernel writes. Only CTAs already running can have called it, so an early call cannot keep a later
 // CTA of the primary grid from being scheduled. The dense split kernels call it first thing, so the
-// combine's launch, its reads of the plan and its CTAs with nothing to merge overlap them.
+// combine's launch, its reads of the plan and its CTAs with nothing to merge overlap them. They are
+// launched with the attribute too (a cheaper launch on the host) and wait right after it: a kernel
+// before them that never calls pdl_launch_dependents lets them start only when it exits.
 #pragma once
 
 namespace mla {
