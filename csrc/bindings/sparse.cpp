@@ -26,6 +26,27 @@ void check_int32_param(int64_t value, const char* name, const char* op) {
 // else a copy (the slow path of a strided view; the wrappers do not copy).
 Tensor contiguous_or_copy(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
 
+// Runs a validated sparse decode: allocates out and lse, splits the work (plan_sparse_decode),
+// allocates the partials a split plan needs (o, then lse, in one allocation, merged by the combine;
+// through the caching allocator, so a captured graph keeps its own buffer) and launches.
+std::tuple<Tensor, Tensor> run_sparse(SparseDecodeParams& params, int device) {
+  const int64_t b = params.batch, s_q = params.s_q, h_q = params.h_q;
+  Tensor out = empty_cuda({b, s_q, h_q, kKvLoraRank}, ScalarType::BFloat16, device);
+  Tensor lse = empty_cuda({b, h_q, s_q}, ScalarType::Float, device);
+  params.out = out.data_ptr();
+  params.lse = static_cast<float*>(lse.data_ptr());
+  plan_sparse_decode(params, device);
+  std::optional<Tensor> partials;
+  if (params.num_splits > 1) {
+    const int64_t rows = params.num_splits * b * s_q * h_q;
+    partials = empty_cuda({rows * (kKvLoraRank + 1)}, ScalarType::Float, device);
+    params.partial_out = static_cast<float*>(partials->data_ptr());
+    params.partial_lse = params.partial_out + rows * kKvLoraRank;
+  }
+  run_sparse_decode_mla(params, device);
+  return {out, lse};
+}
+
 std::tuple<Tensor, Tensor> sparse_decode_mla(Tensor q_in, Tensor kv_cache, Tensor indices, double softmax_scale,
                                              std::string kv_cache_dtype, std::optional<Tensor> topk_length,
                                              std::optional<Tensor> attn_sink) {
@@ -84,17 +105,12 @@ std::tuple<Tensor, Tensor> sparse_decode_mla(Tensor q_in, Tensor kv_cache, Tenso
   const Tensor q = aligned_or_copy(q_in, "q", kDecodeOp);
 
   const CudaDeviceScope device_scope(device);
-  Tensor out = empty_cuda({b, s_q, h_q, kKvLoraRank}, ScalarType::BFloat16, device);
-  Tensor lse = empty_cuda({b, h_q, s_q}, ScalarType::Float, device);
-
   SparseDecodeParams params{};
   params.q = q.data_ptr();
   params.kv_cache = kv_cache.data_ptr();
   params.indices = static_cast<const int32_t*>(indices.data_ptr());
   params.topk_length = topk_length_c.has_value() ? static_cast<const int32_t*>(topk_length_c->data_ptr()) : nullptr;
   params.attn_sink = attn_sink_c.has_value() ? static_cast<const float*>(attn_sink_c->data_ptr()) : nullptr;
-  params.out = out.data_ptr();
-  params.lse = static_cast<float*>(lse.data_ptr());
   params.batch = static_cast<int>(b);
   params.s_q = static_cast<int>(s_q);
   params.h_q = static_cast<int>(h_q);
@@ -111,18 +127,7 @@ std::tuple<Tensor, Tensor> sparse_decode_mla(Tensor q_in, Tensor kv_cache, Tenso
   params.softmax_scale = static_cast<float>(softmax_scale);
   params.format = format;
   params.stream = current_stream(device);
-  plan_sparse_decode(params, device);
-  // Split plan: per-split partials (o, then lse, in one allocation), merged by the combine.
-  // Through the caching allocator, so a captured graph keeps its own buffer.
-  std::optional<Tensor> partials;
-  if (params.num_splits > 1) {
-    const int64_t rows = params.num_splits * b * s_q * h_q;
-    partials = empty_cuda({rows * (kKvLoraRank + 1)}, ScalarType::Float, device);
-    params.partial_out = static_cast<float*>(partials->data_ptr());
-    params.partial_lse = params.partial_out + rows * kKvLoraRank;
-  }
-  run_sparse_decode_mla(params, device);
-  return {out, lse};
+  return run_sparse(params, device);
 }
 
 void sparse_indices_to_slots(Tensor local_indices_in, Tensor block_table, int64_t block_size, Tensor slots) {
@@ -328,16 +333,12 @@ std::tuple<Tensor, Tensor> sparse_decode_mla_v4(Tensor q, Tensor kv_cache, Tenso
 
   std::optional<Tensor> attn_sink_c;
   if (attn_sink.has_value()) attn_sink_c = contiguous_or_copy(*attn_sink);
-  Tensor out = empty_cuda({b, s_q, h_q, kKvLoraRank}, ScalarType::BFloat16, device);
-  Tensor lse = empty_cuda({b, h_q, s_q}, ScalarType::Float, device);
   SparseDecodeParams params{};
   params.q = q_wide.data_ptr();
   params.kv_cache = rows.data_ptr();
   params.indices = g.row_index;
   params.topk_length = nullptr;  // (the lengths made the entries past them -1)
   params.attn_sink = attn_sink_c.has_value() ? static_cast<const float*>(attn_sink_c->data_ptr()) : nullptr;
-  params.out = out.data_ptr();
-  params.lse = static_cast<float*>(lse.data_ptr());
   params.batch = static_cast<int>(b);
   params.s_q = static_cast<int>(s_q);
   params.h_q = static_cast<int>(h_q);
@@ -354,16 +355,7 @@ std::tuple<Tensor, Tensor> sparse_decode_mla_v4(Tensor q, Tensor kv_cache, Tenso
   params.softmax_scale = static_cast<float>(softmax_scale);
   params.format = CacheFormat::kAuto;
   params.stream = stream;
-  plan_sparse_decode(params, device);
-  std::optional<Tensor> partials;
-  if (params.num_splits > 1) {
-    const int64_t n = params.num_splits * b * s_q * h_q;
-    partials = empty_cuda({n * (kKvLoraRank + 1)}, ScalarType::Float, device);
-    params.partial_out = static_cast<float*>(partials->data_ptr());
-    params.partial_lse = params.partial_out + n * kKvLoraRank;
-  }
-  run_sparse_decode_mla(params, device);
-  return {out, lse};
+  return run_sparse(params, device);
 }
 
 }  // namespace
