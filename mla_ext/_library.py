@@ -33,3 +33,10 @@ def set_force_portable(mode: int) -> None:
     import ctypes
 
     ctypes.CDLL(LIBRARY_PATH).mla_ext_set_force_portable(ctypes.c_int(mode))
+
+
+def force_portable() -> bool:
+    """Whether ops take the portable kernels now (set_force_portable, else the environment)."""
+    import ctypes
+
+    return bool(ctypes.CDLL(LIBRARY_PATH).mla_ext_force_portable())

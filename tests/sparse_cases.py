@@ -56,37 +56,50 @@ def make_indices(b: int, s_q: int, topk: int, good: torch.Tensor, num_slots: int
     return idx
 
 
-def head_tile(h_q: int) -> int:
-    """Query heads per CTA (csrc/sparse/sparse_decode.cu): 16, 32, else 64."""
-    return 16 if h_q <= 16 else 32 if h_q <= 32 else 64
+def head_tile(h_q: int, fmt: str = "auto") -> int:
+    """Query heads per CTA (csrc/sparse/sparse_decode.cu): 16, 32, else 64; 17-32 heads of an
+    fp8_ds_mla cache take two 16-head tiles where sm90's bulk-copy e4m3-fragment kernel runs."""
+    if h_q <= 16:
+        return 16
+    if h_q <= 32:
+        return 16 if fmt == "fp8_ds_mla" and sm90_fp8_m16() else 32
+    return 64
+
+
+def sm90_fp8_m16() -> bool:
+    """fp8_ds_mla 16-head tiles run the sm90 bulk-copy kernel (an H200 not forced portable)."""
+    from mla_ext._library import force_portable
+
+    return torch.cuda.get_device_capability() == (9, 0) and not force_portable()
 
 
 def _num_sms() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
-def num_splits(b: int, s_q: int, h_q: int, topk: int) -> int:
+def num_splits(b: int, s_q: int, h_q: int, topk: int, fmt: str = "auto") -> int:
     """How many pieces plan_sparse_decode (csrc/sparse/sparse_decode.cu) cuts each top-k list into:
     as many as the SMs that the b * s_q * ceil(h_q / tile) CTAs leave idle allow, at most one per
     64-key tile, and none where that would shorten each list by too little."""
     sms = _num_sms()
     tiles = max(1, -(-topk // 64))
-    ctas = b * s_q * -(-h_q // head_tile(h_q))
+    tile = head_tile(h_q, fmt)
+    ctas = b * s_q * -(-h_q // tile)
     splits = 1 if ctas >= sms else sms // ctas
     splits = min(max(splits, 1), tiles)
     # only when it takes more off each list than the combine costs (weights in half 16-head tiles)
-    weight = {16: 2, 32: 3, 64: 4}[head_tile(h_q)]
+    weight = {16: 2, 32: 3, 64: 4}[tile]
     if splits > 1 and (tiles - -(-tiles // splits)) * weight <= 3:
         splits = 1
     per_split = -(-tiles // splits)
     return -(-tiles // per_split)
 
 
-def batch_size(batch: str, s_q: int, h_q: int, split_b: int = 2) -> int:
+def batch_size(batch: str, s_q: int, h_q: int, split_b: int = 2, fmt: str = "auto") -> int:
     """"split": ``split_b`` requests (a small batch: its top-k lists are split); "whole": the
     smallest batch whose CTAs leave no room for a second split (more than half the SMs busy)."""
     if batch == "split":
         return split_b
     assert batch == "whole", batch
-    per_request = s_q * -(-h_q // head_tile(h_q))
+    per_request = s_q * -(-h_q // head_tile(h_q, fmt))
     return _num_sms() // 2 // per_request + 1

@@ -3,10 +3,10 @@ kernel each kind of input reaches (csrc/sparse/sparse_decode.cu).
 
 Kernels on an H200, by head tile (16 for h_q <= 16, 32 up to 32, else 64) and format. sm90, not
 forced portable: fp8_ds_mla 64-head tiles the wgmma kernel (sm90/sparse_decode_sm90_fp8.cu, rows
-gathered by bulk copies), 16-head tiles the e4m3-fragment kernel with bulk row copies from 4 copy
-warps. Forced portable (what sm100 runs), and every bf16 cache and 32-head tile: the portable
-kernels (fp8_ds_mla 16 heads: e4m3 fragments, cp.async gathers by 4 copy warps; 64 heads: V read
-from the staging rows). The other portable configurations (the dequantising fp8_ds_mla 16-head
+gathered by bulk copies), 16-head tiles (and 17-32 heads, as two 16-head tiles) the e4m3-fragment
+kernel with bulk row copies from 4 copy warps. Forced portable (what sm100 runs), and every bf16
+cache and 32-head tile: the portable kernels (fp8_ds_mla 16 heads: e4m3 fragments, cp.async gathers
+by 4 copy warps; 64 heads: V read from the staging rows). The other portable configurations (the dequantising fp8_ds_mla 16-head
 kernel, one-stage pipelines, gathers by the compute warps) are fallbacks for GPUs with less shared
 memory per block than an H200 has: no input reaches them on an H200, so no test runs them there.
 
@@ -40,14 +40,14 @@ def _check(q, cache, idx, fmt, topk_length=None, sink=None, batch=None):
         out, lse = call()
     else:
         (out, lse), combine = launched_kernels(call, "split_combine_kernel")
-        _assert_split_path(q, idx, batch, combine)
+        _assert_split_path(q, idx, fmt, batch, combine)
     _compare(q, cache, idx, fmt, topk_length, sink, out, lse)
     return out, lse
 
 
-def _assert_split_path(q, idx, batch, combine_kernels):
+def _assert_split_path(q, idx, fmt, batch, combine_kernels):
     b, s_q, h_q = q.shape[:3]
-    assert (num_splits(b, s_q, h_q, idx.shape[-1]) > 1) == (batch == "split"), "the case does not test its batch"
+    assert (num_splits(b, s_q, h_q, idx.shape[-1], fmt) > 1) == (batch == "split"), "the case does not test its batch"
     assert bool(combine_kernels) == (batch == "split"), combine_kernels
 
 
@@ -99,7 +99,7 @@ def test_decode_matches_reference(fmt, h_q, topk, s_q, block_size):
 def test_split_paths_and_odd_heads(fmt, h_q, batch):
     """One CTA per query token and head tile (no combine) for a large batch, the top-k list split
     (partials + combine) for a small one; head counts that leave rows of the tile unused."""
-    b = batch_size(batch, 1, h_q, split_b=3)
+    b = batch_size(batch, 1, h_q, split_b=3, fmt=fmt)
     q, cache, idx, _ = _case(b, 1, h_q, 300, 64, fmt)
     _check(q, cache, idx, fmt, batch=batch)
 
@@ -165,7 +165,7 @@ def test_fp8_ds_mla_scale_spread_and_q_magnitudes(h_q, q_exp, batch, request):
         h_q = int(h_q.split("-")[0])
         use_path(request, "portable")
     s_q, topk, bs = 2, 700, 64
-    b = batch_size(batch, s_q, h_q)
+    b = batch_size(batch, s_q, h_q, fmt="fp8_ds_mla")
     num_blocks = max(30, b * 12)
     cache, good, _ = make_cache(num_blocks, bs, "fp8_ds_mla", "cuda", poison_frac=0.1)
     flat = cache.view(num_blocks * bs, -1)
@@ -179,7 +179,7 @@ def test_fp8_ds_mla_scale_spread_and_q_magnitudes(h_q, q_exp, batch, request):
     q = (torch.randn(b, s_q, h_q, 576, device="cuda") * torch.pow(2.0, row_exp)).to(torch.bfloat16)
     q[0, 0, h_q // 2] = 0
     softmax_scale = SOFTMAX_SCALE * 2.0**-q_exp
-    assert (num_splits(b, s_q, h_q, topk) > 1) == (batch == "split")
+    assert (num_splits(b, s_q, h_q, topk, "fp8_ds_mla") > 1) == (batch == "split")
     out, lse = mla_ext.sparse_decode_mla(q, cache, idx, softmax_scale, "fp8_ds_mla")
     ref_out, ref_lse = reference.sparse_decode_mla(q, cache, idx, softmax_scale, "fp8_ds_mla")
     row_max = ref_out.float().abs().amax(-1, keepdim=True).clamp(min=1e-30)
@@ -262,16 +262,17 @@ def test_small_for_sanitizer(fmt):
 
 
 @pytest.mark.parametrize("path", ["default", "portable"])
-@pytest.mark.parametrize("h_q", [1, 16])
+@pytest.mark.parametrize("h_q", [1, 16, 27])
 @pytest.mark.parametrize("batch", BATCHES)
 def test_small_fp8_16_head_kernels(path, h_q, batch, request):
     """The fp8_ds_mla kernels for 16-head tiles: MMA fragments read from the e4m3 staging rows,
     gathered by 4 copy warps (sm90: one bulk copy per row; "portable": 16-byte cp.async). Every
     kind of invalid entry, topk_length, attn_sink, page padding, split and whole lists; small
-    enough for compute-sanitizer."""
+    enough for compute-sanitizer. h_q 27: two 16-head tiles on sm90 (the second 11 heads wide),
+    the 32-head kernel forced portable."""
     use_path(request, path)
-    b = batch_size(batch, 2, h_q)
-    assert (num_splits(b, 2, h_q, 333) > 1) == (batch == "split")
+    b = batch_size(batch, 2, h_q, fmt="fp8_ds_mla")
+    assert (num_splits(b, 2, h_q, 333, "fp8_ds_mla") > 1) == (batch == "split")
     q, cache, idx, _ = _case(b, 2, h_q, 333, 61, "fp8_ds_mla", pad_pages=True)
     _check(q, cache, idx, "fp8_ds_mla", _topk_length(b, 333), torch.randn(h_q, device="cuda"))
 
@@ -354,7 +355,8 @@ _M64_PV_RAW = _portable_config(64, "fp8_ds_mla", 2, False, 16, False, 0, True)
 SPARSE_KERNELS = {
     ("fp8_ds_mla", 1): (_M16_BULK, _M16_FRAGS),
     ("fp8_ds_mla", 16): (_M16_BULK, _M16_FRAGS),
-    ("fp8_ds_mla", 20): (_portable_config(32, "fp8_ds_mla", 2),) * 2,
+    ("fp8_ds_mla", 20): (_M16_BULK, _portable_config(32, "fp8_ds_mla", 2)),  # sm90: two 16-head tiles
+    ("fp8_ds_mla", 32): (_M16_BULK, _portable_config(32, "fp8_ds_mla", 2)),
     ("fp8_ds_mla", 40): (_SM90_FP8, _M64_PV_RAW),
     ("fp8_ds_mla", 64): (_SM90_FP8, _M64_PV_RAW),
     ("fp8_ds_mla", 128): (_SM90_FP8, _M64_PV_RAW),
@@ -376,7 +378,7 @@ def test_sparse_dispatch(fmt, h_q, path, batch, request):
     if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 232320:
         pytest.skip("the expected kernels are those of GPUs with an H200's shared memory per block")
     use_path(request, path)
-    b = batch_size(batch, 2, h_q)
+    b = batch_size(batch, 2, h_q, fmt=fmt)
     q, cache, idx, _ = _case(b, 2, h_q, 333, 61, fmt, pad_pages=True)
     tl, sink = _topk_length(b, 333), torch.randn(h_q, device="cuda")
     call = lambda: mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt, tl, sink)  # noqa: E731
@@ -384,7 +386,7 @@ def test_sparse_dispatch(fmt, h_q, path, batch, request):
     decode = [n for n in names if "sparse_decode" in n]
     want = SPARSE_KERNELS[fmt, h_q][0 if path == "arch" and is_sm90() else 1]
     assert len(decode) == 1 and kernel_is(decode[0], *want), (names, want)
-    _assert_split_path(q, idx, batch, [n for n in names if "split_combine_kernel" in n])
+    _assert_split_path(q, idx, fmt, batch, [n for n in names if "split_combine_kernel" in n])
     _compare(q, cache, idx, fmt, tl, sink, out, lse)
 
 

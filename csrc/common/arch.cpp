@@ -82,3 +82,5 @@ void set_force_portable(int mode) { g_force_portable.store(mode < 0 ? force_port
 extern "C" __attribute__((visibility("default"))) void mla_ext_set_force_portable(int mode) {
   mla::set_force_portable(mode);
 }
+
+extern "C" __attribute__((visibility("default"))) int mla_ext_force_portable() { return mla::force_portable() ? 1 : 0; }

@@ -23,7 +23,8 @@ void opt_in_smem(const void* kernel, int bytes, int device);
 // set_force_portable overrides it.
 bool force_portable();
 // mode 1 / 0: force the portable path on / off; -1: back to the environment variable's value.
-// (Exported as the C symbol mla_ext_set_force_portable for mla_ext's tests.)
+// (Exported as the C symbols mla_ext_set_force_portable and mla_ext_force_portable, which returns
+// force_portable() as 0 / 1, for mla_ext's tests.)
 void set_force_portable(int mode);
 
 }  // namespace mla

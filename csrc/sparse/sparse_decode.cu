@@ -37,10 +37,26 @@ extern template void launch_sparse_decode_portable<16, CacheFormat::kFp8DsMla, 4
 
 namespace {
 
+// sm90, fp8_ds_mla 16-head tiles: the e4m3-fragment kernel with one bulk copy per row.
+using BulkM16Config = PortableConfig<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 4>;
+
+// Whether this GPU runs fp8_ds_mla 16-head tiles on the e4m3-fragment kernel with bulk row copies.
+bool sm90_fp8_m16(const SparseDecodeParams& p, const DeviceInfo& info) {
+  return info.sm_version == 90 && !force_portable() && p.format == CacheFormat::kFp8DsMla &&
+         BulkM16Config::kSmemBytes <= info.max_smem_per_block;
+}
+
 // Heads per CTA: the smallest MMA tile that holds h_q (16 / 32), else 64-head tiles. h_q = 16
 // therefore reads every row once with a quarter of the MMA work of h_q = 64; nothing is padded
-// to 64 heads.
-int head_tile(int h_q) { return h_q <= 16 ? 16 : (h_q <= 32 ? 32 : 64); }
+// to 64 heads. Where the 16-head e4m3-fragment kernel with bulk copies runs (sm90, fp8_ds_mla),
+// 17-32 heads take two 16-head tiles: each CTA reads the rows (its neighbour in the grid mostly
+// from L2) and converts them in registers, where the 32-head kernel dequantises every tile with
+// all threads between two barriers.
+int head_tile(const SparseDecodeParams& p, const DeviceInfo& info) {
+  if (p.h_q <= 16) return 16;
+  if (p.h_q <= 32) return sm90_fp8_m16(p, info) ? 16 : 32;
+  return 64;
+}
 
 // Deepest pipeline instantiated per (head tile, format): bf16 2 K buffers; fp8_ds_mla staging
 // buffers as many as fit next to Q and the K tile in 227 KB (2 for 16 heads, 2 for 32, 1 for 64:
@@ -57,9 +73,6 @@ using FragsCopyWarpsConfig = PortableConfig<16, CacheFormat::kFp8DsMla, 4, true,
 // fp8_ds_mla, 64-head tiles: V read straight from the staging rows, the next tile dequantised while
 // PV runs (PortableConfig::kPvRaw), where shared memory allows (232320 bytes).
 using PvRawConfig = PortableConfig<64, CacheFormat::kFp8DsMla, 2, false, 16, false, 0, true>;
-// sm90, fp8_ds_mla 16-head tiles: the e4m3-fragment kernel with one bulk copy per row.
-using BulkM16Config = PortableConfig<16, CacheFormat::kFp8DsMla, 4, true, 8, true, 4>;
-
 template <int kM, CacheFormat kFormat>
 void launch_portable(const SparseDecodeParams& p, int max_smem) {
   if constexpr (kM == 16 && kFormat == CacheFormat::kFp8DsMla) {
@@ -89,7 +102,8 @@ void plan_sparse_decode(SparseDecodeParams& p, int device) {
   MLA_HOST_CHECK(p.topk >= 1 && p.topk <= kSparseMaxTopk,
                  "sparse decode needs 1 <= topk <= " + std::to_string(kSparseMaxTopk));
   const int total_tiles = std::max(1, (p.topk + kTileKeys - 1) / kTileKeys);
-  const int64_t ctas = int64_t(p.batch) * p.s_q * ((p.h_q + sparse::head_tile(p.h_q) - 1) / sparse::head_tile(p.h_q));
+  const int tile = sparse::head_tile(p, info);
+  const int64_t ctas = int64_t(p.batch) * p.s_q * ((p.h_q + tile - 1) / tile);
   // One CTA per SM (the kernel uses most of shared memory). Split the top-k list only when the
   // CTAs leave SMs idle; a split costs a partial write and the combine.
   int splits = ctas >= info.num_sms ? 1 : static_cast<int>(info.num_sms / std::max<int64_t>(ctas, 1));
@@ -98,7 +112,6 @@ void plan_sparse_decode(SparseDecodeParams& p, int device) {
   // combine and its launch) costs about 1.5 tiles' time of 16 heads; a 32-head tile takes about 1.5
   // of those, a 64-head tile 2 (H200, b 4, topk 128: 8.6 us unsplit and 9.8 us in 2 splits at
   // 16 heads, 19.3 and 16.7 us at 64). Weights in half 16-head tiles.
-  const int tile = sparse::head_tile(p.h_q);
   const int tile_weight = tile == 16 ? 2 : tile == 32 ? 3 : 4;
   constexpr int kSplitCost = 3;
   if (splits > 1 && (total_tiles - (total_tiles + splits - 1) / splits) * tile_weight <= kSplitCost) splits = 1;
@@ -117,14 +130,14 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
   MLA_HOST_CHECK(int64_t(p.batch) * p.s_q <= 65535, "sparse decode supports b * s_q <= 65535 query tokens per call");
   const DeviceInfo& info = device_info(device);
   const bool hopper = info.sm_version == 90 && !force_portable();
-  const int tile = sparse::head_tile(p.h_q);
+  const int tile = sparse::head_tile(p, info);
   // sm90: fp8_ds_mla 64-head tiles run the wgmma kernel (S and O with wgmma, one dequantised fp16
-  // K tile read by both; csrc/sparse/README.md), 16-head tiles the portable e4m3-fragment kernel
-  // with bulk row copies. Everything else, and forced portable (common/arch.h), runs the portable kernels.
+  // K tile read by both; csrc/sparse/README.md), 16-head tiles (17-32 heads: two) the portable
+  // e4m3-fragment kernel with bulk row copies. Everything else, and forced portable
+  // (common/arch.h), runs the portable kernels.
   const bool sm90_fp8 = hopper && tile == 64 && p.format == CacheFormat::kFp8DsMla &&
                         sparse::sm90_fp8_m64_smem_bytes() <= info.max_smem_per_block;
-  const bool sm90_fp8_m16 = hopper && tile == 16 && p.format == CacheFormat::kFp8DsMla &&
-                            sparse::BulkM16Config::kSmemBytes <= info.max_smem_per_block;
+  const bool sm90_fp8_m16 = tile == 16 && sparse::sm90_fp8_m16(p, info);
   auto by_format = [&]<int kM>() {
     if (p.format == CacheFormat::kAuto) {
       sparse::launch_portable<kM, CacheFormat::kAuto>(p, info.max_smem_per_block);
