@@ -13,7 +13,6 @@
 
 #include "bindings/stable_helpers.h"
 #include "common/arch.h"
-#include "common/cuda_check.h"
 #include "decode/decode.h"
 
 namespace mla::bindings {
@@ -196,25 +195,11 @@ std::tuple<Tensor, Tensor> decode_impl(const Tensor& q_in, const Tensor& kv_cach
                            << need << " elements (the one get_decode_plan made for this batch, s_q=" << s_q
                            << " and h_q=" << h_q << "), got " << scalar_type_name(workspace->scalar_type()) << " "
                            << shape_str(*workspace));
-  }
-  // What was not passed, in one allocation: out and lse (decode_mla), and the workspace when the
-  // call has no plan's (decode_mla_out passes out and lse).
-  MLA_HOST_CHECK(out_in.has_value() == lse_in.has_value(), "decode_impl takes out and lse together");
-  std::optional<Tensor> out_new, lse_new;
-  if (!out_in.has_value()) {
-    if (workspace.has_value()) {
-      auto [o, l] = empty_cuda_parts({{{b, s_q, h_q, kKvLoraRank}, q_type}, {{b, h_q, s_q}, ScalarType::Float}}, device);
-      out_new = o, lse_new = l;
-    } else {
-      auto [o, l, w] = empty_cuda_parts(
-          {{{b, s_q, h_q, kKvLoraRank}, q_type}, {{b, h_q, s_q}, ScalarType::Float}, {{need}, ScalarType::Float}}, device);
-      out_new = o, lse_new = l, workspace = w;
-    }
-  } else if (!workspace.has_value()) {
+  } else {
     workspace = empty_cuda({need}, ScalarType::Float, device);
   }
-  Tensor out = out_in.has_value() ? *out_in : *out_new;
-  Tensor lse = lse_in.has_value() ? *lse_in : *lse_new;
+  Tensor out = out_in.has_value() ? *out_in : empty_cuda({b, s_q, h_q, kKvLoraRank}, q_type, device);
+  Tensor lse = lse_in.has_value() ? *lse_in : empty_cuda({b, h_q, s_q}, ScalarType::Float, device);
   float* partials = static_cast<float*>(workspace->data_ptr());
 
   decode::DecodeParams p{};

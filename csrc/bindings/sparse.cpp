@@ -26,26 +26,23 @@ void check_int32_param(int64_t value, const char* name, const char* op) {
 // else a copy (the slow path of a strided view; the wrappers do not copy).
 Tensor contiguous_or_copy(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
 
-// Runs a validated sparse decode: splits the work (plan_sparse_decode), allocates out, lse and
-// the partials a split plan needs (o, then lse, merged by the combine) in one allocation (through
-// the caching allocator, so a captured graph keeps its own buffer) and launches.
+// Runs a validated sparse decode: allocates out and lse, splits the work (plan_sparse_decode),
+// allocates the partials a split plan needs (o, then lse, in one allocation, merged by the combine;
+// through the caching allocator, so a captured graph keeps its own buffer) and launches.
 std::tuple<Tensor, Tensor> run_sparse(SparseDecodeParams& params, int device) {
   const int64_t b = params.batch, s_q = params.s_q, h_q = params.h_q;
-  plan_sparse_decode(params, device);
-  const TensorPart out_part{{b, s_q, h_q, kKvLoraRank}, ScalarType::BFloat16}, lse_part{{b, h_q, s_q}, ScalarType::Float};
-  if (params.num_splits == 1) {
-    auto [out, lse] = empty_cuda_parts({out_part, lse_part}, device);
-    params.out = out.data_ptr();
-    params.lse = static_cast<float*>(lse.data_ptr());
-    run_sparse_decode_mla(params, device);
-    return {out, lse};
-  }
-  const int64_t rows = params.num_splits * b * s_q * h_q;
-  auto [out, lse, partials] = empty_cuda_parts({out_part, lse_part, {{rows * (kKvLoraRank + 1)}, ScalarType::Float}}, device);
+  Tensor out = empty_cuda({b, s_q, h_q, kKvLoraRank}, ScalarType::BFloat16, device);
+  Tensor lse = empty_cuda({b, h_q, s_q}, ScalarType::Float, device);
   params.out = out.data_ptr();
   params.lse = static_cast<float*>(lse.data_ptr());
-  params.partial_out = static_cast<float*>(partials.data_ptr());
-  params.partial_lse = params.partial_out + rows * kKvLoraRank;
+  plan_sparse_decode(params, device);
+  std::optional<Tensor> partials;
+  if (params.num_splits > 1) {
+    const int64_t rows = params.num_splits * b * s_q * h_q;
+    partials = empty_cuda({rows * (kKvLoraRank + 1)}, ScalarType::Float, device);
+    params.partial_out = static_cast<float*>(partials->data_ptr());
+    params.partial_lse = params.partial_out + rows * kKvLoraRank;
+  }
   run_sparse_decode_mla(params, device);
   return {out, lse};
 }

@@ -18,7 +18,6 @@
 
 #include <cuda_runtime.h>
 
-#include <array>
 #include <initializer_list>
 #include <optional>
 #include <sstream>
@@ -222,49 +221,6 @@ inline Tensor empty_cuda(std::initializer_list<int64_t> sizes, ScalarType dtype,
     throw std::runtime_error("mla_ext: could not allocate a CUDA tensor (out of memory?)");
   }
   return Tensor(handle);
-}
-
-// One part of empty_cuda_parts: a contiguous tensor of `sizes` and `dtype`.
-struct TensorPart {
-  std::initializer_list<int64_t> sizes;
-  ScalarType dtype;
-};
-
-// Uninitialised contiguous CUDA tensors of several shapes and dtypes cut from one allocation: one
-// trip through the caching allocator for an op's outputs and scratch instead of one each (~1 us
-// of host time per allocation). Each part starts on a 256-byte boundary and holds a reference to
-// the shared storage, so it stays valid whichever parts the caller drops; parts never overlap.
-template <size_t N>
-std::array<Tensor, N> empty_cuda_parts(const TensorPart (&parts)[N], int device) {
-  constexpr int64_t kAlign = 256;
-  int64_t shape[N][8], strides[N][8], ndim[N], offset[N];
-  int64_t total = 0;
-  for (size_t p = 0; p < N; ++p) {
-    ndim[p] = static_cast<int64_t>(parts[p].sizes.size());
-    int64_t i = 0, numel = 1;
-    for (int64_t s : parts[p].sizes) shape[p][i++] = s, numel *= s;
-    int64_t stride = 1;
-    for (int64_t d = ndim[p] - 1; d >= 0; --d) {
-      strides[p][d] = stride;
-      stride *= shape[p][d] > 1 ? shape[p][d] : 1;
-    }
-    offset[p] = total;
-    total += (numel * element_size(parts[p].dtype) + kAlign - 1) / kAlign * kAlign;
-  }
-  const Tensor pool = empty_cuda({total > 0 ? total : 1}, ScalarType::Byte, device);
-  auto cut = [&](size_t p) {
-    const int32_t aoti_dtype = torch::stable::detail::to<int32_t>(torch::stable::detail::from(parts[p].dtype));
-    AtenTensorHandle handle = nullptr;
-    if (aoti_torch__alloc_from_pool(pool.get(), offset[p], aoti_dtype, ndim[p], shape[p], strides[p], &handle) !=
-        AOTI_TORCH_SUCCESS) {
-      throw std::runtime_error("mla_ext: could not cut a CUDA tensor from its allocation");
-    }
-    return Tensor(handle);
-  };
-  // (Built in place: a default-constructed stable Tensor would allocate a handle of its own.)
-  return [&]<size_t... P>(std::index_sequence<P...>) {
-    return std::array<Tensor, N>{cut(P)...};
-  }(std::make_index_sequence<N>{});
 }
 
 // ---- the cache -------------------------------------------------------------------------------
