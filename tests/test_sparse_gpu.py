@@ -6,9 +6,10 @@ forced portable: fp8_ds_mla 64-head tiles the wgmma kernel (sm90/sparse_decode_s
 gathered by bulk copies), 16-head tiles (and 17-32 heads, as two 16-head tiles) the e4m3-fragment
 kernel with bulk row copies from 4 copy warps. Forced portable (what sm100 runs), and every bf16
 cache and 32-head tile: the portable kernels (fp8_ds_mla 16 heads: e4m3 fragments, cp.async gathers
-by 4 copy warps; 64 heads: V read from the staging rows). The other portable configurations (the dequantising fp8_ds_mla 16-head
-kernel, one-stage pipelines, gathers by the compute warps) are fallbacks for GPUs with less shared
-memory per block than an H200 has: no input reaches them on an H200, so no test runs them there.
+by 4 copy warps; 64 heads: V read from the staging rows). The other portable configurations (the
+dequantising fp8_ds_mla 16-head kernel, one-stage pipelines, gathers by the compute warps) are
+fallbacks for GPUs with less shared memory per block than an H200 has: no input reaches them on an
+H200, so no test runs them there.
 
 The top-k list is split over several CTAs (partials + the split combine) only when the batch's
 b * s_q * ceil(h_q / tile) CTAs leave SMs idle: small batches split, large ones do not ("split" and
