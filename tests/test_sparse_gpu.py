@@ -1,7 +1,8 @@
 """GPU tests of the sparse top-k decode and the index builders against the reference, and which
 kernel each kind of input reaches (csrc/sparse/sparse_decode.cu).
 
-Kernels on an H200, by head tile (16 for h_q <= 16, 32 up to 32, else 64) and format. sm90, not
+Kernels on an H200, by head tile (16 for h_q <= 16, 32 up to 32 but 16 for fp8_ds_mla on sm90, else
+64) and format. sm90, not
 forced portable: fp8_ds_mla 64-head tiles the wgmma kernel (sm90/sparse_decode_sm90_fp8.cu, rows
 gathered by bulk copies), 16-head tiles (and 17-32 heads, as two 16-head tiles) the e4m3-fragment
 kernel with bulk row copies from 4 copy warps. Forced portable (what sm100 runs), and every bf16

@@ -5,8 +5,10 @@
 // kernel writes. Only CTAs already running can have called it, so an early call cannot keep a later
 // CTA of the primary grid from being scheduled. The dense split kernels call it first thing, so the
 // combine's launch, its reads of the plan and its CTAs with nothing to merge overlap them. They are
-// launched with the attribute too (a cheaper launch on the host) and wait right after it: a kernel
-// before them that never calls pdl_launch_dependents lets them start only when it exits.
+// launched with the attribute too (a cheaper launch on the host), so they call
+// pdl_wait_prerequisites just before it: a CTA lets the combine launch only once the kernels before
+// the split kernel (the plan's among them) have completed and their writes are visible, since the
+// combine reads the plan before its own wait.
 #pragma once
 
 namespace mla {

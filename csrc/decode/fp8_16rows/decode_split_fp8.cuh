@@ -347,8 +347,10 @@ __global__ void __launch_bounds__(512, 1) decode_split_fp8_kernel(const __grid_c
 #endif
   }
 
-  pdl_launch_dependents();  // the combine may launch now (common/pdl.cuh)
-  pdl_wait_prerequisites();  // launched as a dependent too: what the kernels before wrote is visible
+  // Launched as a dependent too (common/pdl.cuh): wait until what the kernels before wrote (the
+  // plan among it) is visible, then let the combine launch, which reads the plan before it waits.
+  pdl_wait_prerequisites();
+  pdl_launch_dependents();
   const SchedulePart part = schedule_part(p);
   const int row0 = blockIdx.y * C::kRows;
   const int rows_here = min(C::kRows, p.num_rows - row0);

@@ -199,8 +199,10 @@ __global__ void __launch_bounds__(256, 1) decode_split_kernel(const __grid_const
   const uint32_t p_base = smem_addr(smem + C::kOffP);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  pdl_launch_dependents();  // the combine may launch now (common/pdl.cuh)
-  pdl_wait_prerequisites();  // launched as a dependent too: what the kernels before wrote is visible
+  // Launched as a dependent too (common/pdl.cuh): wait until what the kernels before wrote (the
+  // plan among it) is visible, then let the combine launch, which reads the plan before it waits.
+  pdl_wait_prerequisites();
+  pdl_launch_dependents();
   const SchedulePart part = schedule_part(p);
   const int row0 = blockIdx.y * kBlockM;                   // first query row of this CTA
   const int rows_here = min(kBlockM, p.num_rows - row0);

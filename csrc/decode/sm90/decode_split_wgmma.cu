@@ -89,8 +89,10 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
   // This thread's accumulator rows (S and O alike): 16 (warp % 4) + lane / 4 + 8 h.
   const int row_lo = 16 * (warp % 4) + lane / 4;
-  pdl_launch_dependents();  // the combine may launch now (common/pdl.cuh)
-  pdl_wait_prerequisites();  // launched as a dependent too: what the kernels before wrote is visible
+  // Launched as a dependent too (common/pdl.cuh): wait until what the kernels before wrote (the
+  // plan among it) is visible, then let the combine launch, which reads the plan before it waits.
+  pdl_wait_prerequisites();
+  pdl_launch_dependents();
   const SchedulePart part = schedule_part(p);
   const int row0 = blockIdx.y * C::kRows;
   const int rows_here = min(C::kRows, p.num_rows - row0);

@@ -98,8 +98,10 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
   // Each warpgroup's TMA thread (whole pages), or all of it (page boxes: copy_blocks).
   const bool issuer = kPageBoxes || tid % 128 == 0;
   const int row_lo = 16 * (warp % 4) + lane / 4;  // this thread's accumulator rows: row_lo, row_lo + 8
-  pdl_launch_dependents();  // the combine may launch now (common/pdl.cuh)
-  pdl_wait_prerequisites();  // launched as a dependent too: what the kernels before wrote is visible
+  // Launched as a dependent too (common/pdl.cuh): wait until what the kernels before wrote (the
+  // plan among it) is visible, then let the combine launch, which reads the plan before it waits.
+  pdl_wait_prerequisites();
+  pdl_launch_dependents();
   const SchedulePart part = schedule_part(p);
   const int row0 = blockIdx.y * C::kRows;
   const int rows_here = min(C::kRows, p.num_rows - row0);
