@@ -68,9 +68,10 @@ def head_tile(h_q: int, fmt: str = "auto") -> int:
 
 def sm90_fp8_m16() -> bool:
     """fp8_ds_mla 16-head tiles run the sm90 bulk-copy kernel (an H200 not forced portable)."""
+    from conftest import is_sm90
     from mla_ext._library import force_portable
 
-    return torch.cuda.get_device_capability() == (9, 0) and not force_portable()
+    return is_sm90() and not force_portable()
 
 
 def _num_sms() -> int:

@@ -1,5 +1,5 @@
 // Programmatic dependent launch (sm90 and newer; no-ops before): a kernel launched with
-// cudaLaunchAttributeProgrammaticStreamSerialization (the split combine) may be scheduled while the
+// cudaLaunchAttributeProgrammaticStreamSerialization (launch_dependent below: the split combine) may be scheduled while the
 // kernel before it in the stream (a split kernel) still runs, once every CTA of that one has called
 // pdl_launch_dependents or exited, and must call pdl_wait_prerequisites before it reads what that
 // kernel writes. Only CTAs already running can have called it, so an early call cannot keep a later
@@ -11,7 +11,29 @@
 // combine reads the plan before its own wait.
 #pragma once
 
+#include <cuda_runtime.h>
+
+#include "common/cuda_check.h"
+
 namespace mla {
+
+// Launches `kernel<<<grid, block, smem_bytes, stream>>>(params)` as a programmatic dependent of the
+// kernel before it in the stream. Every target built (sm90, sm100) has PDL.
+template <typename Params>
+void launch_dependent(void (*kernel)(Params), dim3 grid, dim3 block, int smem_bytes, cudaStream_t stream,
+                      const Params& params) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem_bytes;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, params));
+}
 
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -167,19 +167,7 @@ __global__ void __launch_bounds__(kThreads) split_combine_kernel(const __grid_co
 
 template <typename T, int kChunks>
 void launch(const CombineParams& p, dim3 grid) {
-  auto* kernel = &split_combine_kernel<T, kChunks>;
-  // Programmatic dependent launch (common/pdl.cuh): every target built (sm90, sm100) has it.
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = p.stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+  launch_dependent(&split_combine_kernel<T, kChunks>, grid, dim3(kThreads), 0, p.stream, p);
 }
 
 }  // namespace
