@@ -78,29 +78,57 @@ def _num_sms() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
-def num_splits(b: int, s_q: int, h_q: int, topk: int, fmt: str = "auto") -> int:
-    """How many pieces plan_sparse_decode (csrc/sparse/sparse_decode.cu) cuts each top-k list into:
-    as many as the SMs that the b * s_q * ceil(h_q / tile) CTAs leave idle allow, at most one per
-    64-key tile, and none where that would shorten each list by too little."""
+def split_plan(b: int, s_q: int, h_q: int, topk: int, fmt: str = "auto") -> tuple[int, int]:
+    """(first split request, splits per split request), as plan_sparse_decode
+    (csrc/sparse/sparse_decode.cu) cuts the top-k lists; (b, 1) when nothing is split. Small batches:
+    every list, into as many pieces as the SMs the b * s_q * ceil(h_q / tile) CTAs leave idle allow
+    (at most one per 64-key tile, none where that shortens each list by too little). More CTAs than
+    SMs with 64-head tiles: the lists of the last requests, whose CTAs would make a mostly idle last
+    wave, into as many pieces as fill it (at least 2 tiles each)."""
     sms = _num_sms()
     tiles = max(1, -(-topk // 64))
     tile = head_tile(h_q, fmt)
-    ctas = b * s_q * -(-h_q // tile)
+    per_request = s_q * -(-h_q // tile)
+    ctas = b * per_request
     splits = 1 if ctas >= sms else sms // ctas
     splits = min(max(splits, 1), tiles)
     # only when it takes more off each list than the combine costs (weights in half 16-head tiles)
     weight = {16: 2, 32: 3, 64: 4}[tile]
     if splits > 1 and (tiles - -(-tiles // splits)) * weight <= 3:
         splits = 1
+    first = 0
+    last_wave = ctas % sms
+    if tile == 64 and ctas > sms and last_wave:
+        tail_requests = -(-last_wave // per_request)
+        tail_ctas = tail_requests * per_request
+        tail_splits = min((sms + tail_ctas - last_wave) // tail_ctas, tiles // 2)
+        if tail_splits > 1 and (b - tail_requests) * s_q + tail_requests * s_q * tail_splits <= 65535:
+            splits, first = tail_splits, b - tail_requests
     per_split = -(-tiles // splits)
-    return -(-tiles // per_split)
+    splits = -(-tiles // per_split)
+    return (first, splits) if splits > 1 else (b, 1)
+
+
+def num_splits(b: int, s_q: int, h_q: int, topk: int, fmt: str = "auto") -> int:
+    """How many pieces the split top-k lists are cut into (1: none is split); see split_plan."""
+    return split_plan(b, s_q, h_q, topk, fmt)[1]
+
+
+def batch_kind(b: int, s_q: int, h_q: int, topk: int, fmt: str = "auto") -> str:
+    """"split" (every list split), "tail" (the last requests' lists split) or "whole"."""
+    first, splits = split_plan(b, s_q, h_q, topk, fmt)
+    return "whole" if splits == 1 else "split" if first == 0 else "tail"
 
 
 def batch_size(batch: str, s_q: int, h_q: int, split_b: int = 2, fmt: str = "auto") -> int:
     """"split": ``split_b`` requests (a small batch: its top-k lists are split); "whole": the
-    smallest batch whose CTAs leave no room for a second split (more than half the SMs busy)."""
+    smallest batch whose CTAs leave no room for a second split (more than half the SMs busy);
+    "tail" (64-head tiles): one request more than the SMs hold, so that its CTAs alone would make
+    the last wave and its list is split instead."""
     if batch == "split":
         return split_b
-    assert batch == "whole", batch
     per_request = s_q * -(-h_q // head_tile(h_q, fmt))
+    if batch == "tail":
+        return _num_sms() // per_request + 1
+    assert batch == "whole", batch
     return _num_sms() // 2 // per_request + 1

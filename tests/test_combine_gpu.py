@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 from conftest import SCALAR, assert_close, kernel_is, launched_kernels, num_sms
-from sparse_cases import SOFTMAX_SCALE, make_cache, make_indices, num_splits
+from sparse_cases import SOFTMAX_SCALE, make_cache, make_indices, split_plan
 
 import mla_ext
 from mla_ext import reference
@@ -43,7 +43,8 @@ def sparse_batch(s_q: int, h_q: int, topk: int, chunks: int, min_splits: int = 3
     """The smallest batch whose top-k lists are split into min_splits..max_splits pieces and whose
     combine runs ``chunks`` CTAs per row (every request is merged)."""
     for b in range(1, num_sms()):
-        if combine_chunks(s_q * h_q, b) == chunks and min_splits <= num_splits(b, s_q, h_q, topk) <= max_splits:
+        first, splits = split_plan(b, s_q, h_q, topk)
+        if combine_chunks(s_q * h_q, b) == chunks and first == 0 and min_splits <= splits <= max_splits:
             return b
     raise AssertionError(f"no batch of s_q={s_q}, h_q={h_q} gives {chunks} chunks and {min_splits}+ splits")
 

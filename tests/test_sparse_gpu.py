@@ -12,9 +12,10 @@ dequantising fp8_ds_mla 16-head kernel, one-stage pipelines, gathers by the comp
 fallbacks for GPUs with less shared memory per block than an H200 has: no input reaches them on an
 H200, so no test runs them there.
 
-The top-k list is split over several CTAs (partials + the split combine) only when the batch's
-b * s_q * ceil(h_q / tile) CTAs leave SMs idle: small batches split, large ones do not ("split" and
-"whole" below)."""
+The top-k list is split over several CTAs (partials + the split combine) when the batch's
+b * s_q * ceil(h_q / tile) CTAs leave SMs idle: small batches split every list, large ones none
+("split" and "whole" below), and with 64-head tiles a batch whose last requests' CTAs would make a
+last, mostly idle wave splits those requests' lists only ("tail")."""
 
 from __future__ import annotations
 
@@ -28,15 +29,17 @@ from bad_inputs import SPARSE_CASES, sparse_args
 from conftest import CACHE_FORMAT, assert_close, is_sm90, kernel_is, launched_kernels, use_path
 from mla_ext import reference
 from mla_ext.formats import DS_MLA_ROPE_OFFSET, DS_MLA_SCALE_OFFSET
-from sparse_cases import SOFTMAX_SCALE, batch_size, make_cache, make_indices, num_splits
+from sparse_cases import SOFTMAX_SCALE, batch_kind, batch_size, make_cache, make_indices, num_splits
 
 pytestmark = pytest.mark.gpu
 FORMATS = ["fp8_ds_mla", "auto"]
 BATCHES = ["split", "whole"]
+BATCHES_64 = ["split", "whole", "tail"]  # 64-head tiles: also the last requests' lists split
 
 
 def _check(q, cache, idx, fmt, topk_length=None, sink=None, batch=None):
-    """Against the reference; with ``batch`` ("split" / "whole") also whether the split combine ran."""
+    """Against the reference; with ``batch`` ("split" / "whole" / "tail") also whether the split
+    combine ran."""
     call = lambda: mla_ext.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt, topk_length, sink)  # noqa: E731
     if batch is None:
         out, lse = call()
@@ -49,8 +52,8 @@ def _check(q, cache, idx, fmt, topk_length=None, sink=None, batch=None):
 
 def _assert_split_path(q, idx, fmt, batch, combine_kernels):
     b, s_q, h_q = q.shape[:3]
-    assert (num_splits(b, s_q, h_q, idx.shape[-1], fmt) > 1) == (batch == "split"), "the case does not test its batch"
-    assert bool(combine_kernels) == (batch == "split"), combine_kernels
+    assert batch_kind(b, s_q, h_q, idx.shape[-1], fmt) == batch, "the case does not test its batch"
+    assert bool(combine_kernels) == (batch != "whole"), combine_kernels
 
 
 def _compare(q, cache, idx, fmt, topk_length, sink, out, lse):
@@ -137,6 +140,29 @@ def test_topk_length_and_sink(fmt, batch):
     out, lse = _check(q, cache, idx, fmt, topk_length, sink, batch=batch)
     assert (out[:, :, 3] == 0).all()
     assert (out[2] == 0).all() and (lse[2] == -math.inf).all()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("path", ["default", "portable"])
+@pytest.mark.parametrize("h_q,s_q", [(64, 1), (128, 2), (100, 1)])
+def test_tail_requests_split(fmt, path, h_q, s_q, request):
+    """A batch one request larger than the SMs hold (64-head tiles): the last request's list is split
+    (its partials merged by the combine into its rows of out and lse), the others run whole in the
+    same grid. topk_length (the full list, 0, a cut inside a tile; the split request's cut short)
+    and a sink with +-inf, which the whole CTAs apply themselves and the combine for the split ones."""
+    use_path(request, path)
+    topk = 2048
+    b = batch_size("tail", s_q, h_q, fmt=fmt)
+    q, cache, idx, poisoned = _case(b, s_q, h_q, topk, 64, fmt)
+    tl = _topk_length(b, topk)
+    tl[-1] = 1000
+    for i in (1, 2, b - 1):  # entries past topk_length point at NaN rows: they must not be read
+        n = int(tl[i])
+        idx[i, :, n:] = poisoned[torch.randint(poisoned.numel(), (s_q, topk - n), device="cuda")].to(torch.int32)
+    sink = torch.randn(h_q, device="cuda")
+    sink[3], sink[h_q - 1] = math.inf, -math.inf
+    out, lse = _check(q, cache, idx, fmt, tl, sink, batch="tail")
+    assert (out[:, :, 3] == 0).all() and (out[1] == 0).all() and (lse[1] == -math.inf).all()
 
 
 def test_h16_reads_same_rows_as_h64():
@@ -294,16 +320,17 @@ def test_small_fp8_16_head_long_list(path, request):
 
 @pytest.mark.parametrize("path", ["default", "portable"])
 @pytest.mark.parametrize("h_q", [64, 128, 40])
-@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("batch", BATCHES_64)
 def test_small_fp8_64_head_kernels(path, h_q, batch, request):
     """fp8_ds_mla 64-head tiles: on sm90 the wgmma kernel (csrc/sparse/sm90/sparse_decode_sm90_fp8.cu),
     forced portable the mma.sync one that reads V from the staging rows. Fresh random data, NaN in
     unused slots and page padding, odd topk, -1 / out-of-range / duplicate indices, topk_length (one
     row cut inside a tile, one at 0), attn_sink with +-inf; h_q 40 leaves 24 rows of the tile
-    unused; split lists and whole ones (a batch that fills the GPU)."""
+    unused; split lists, whole ones (a batch that fills the GPU) and the last request's split (a
+    batch one request larger than the SMs hold: whole and split CTAs in one grid)."""
     use_path(request, path)
     b = batch_size(batch, 2, h_q, split_b=3 if h_q == 40 else 2)
-    assert (num_splits(b, 2, h_q, 333) > 1) == (batch == "split")
+    assert batch_kind(b, 2, h_q, 333) == batch
     q, cache, idx, _ = _case(b, 2, h_q, 333, 61, "fp8_ds_mla", pad_pages=True)
     tl = _topk_length(b, 333)
     tl[-1] = 0
@@ -313,14 +340,13 @@ def test_small_fp8_64_head_kernels(path, h_q, batch, request):
     assert (out[-1] == 0).all() and (lse[-1] == -math.inf).all() and (out[:, :, 1] == 0).all()
 
 
-@pytest.mark.parametrize("h_q", [16, 64])
-@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("h_q,batch", [(16, "split"), (16, "whole"), (64, "split"), (64, "whole"), (64, "tail")])
 def test_small_bf16_kernels(h_q, batch):
     """The bf16-cache kernels for 16- and 64-head tiles (2-stage pipelines, 8 threads per gathered
     row; the same on every path), with every kind of invalid entry and padded pages; small enough for
     compute-sanitizer. (32-head tiles: test_small_for_sanitizer.)"""
     b = batch_size(batch, 2, h_q)
-    assert (num_splits(b, 2, h_q, 333) > 1) == (batch == "split")
+    assert batch_kind(b, 2, h_q, 333) == batch
     q, cache, idx, _ = _case(b, 2, h_q, 333, 61, "auto", pad_pages=True)
     _check(q, cache, idx, "auto", _topk_length(b, 333), torch.randn(h_q, device="cuda"))
 

@@ -38,7 +38,7 @@ std::tuple<Tensor, Tensor> run_sparse(SparseDecodeParams& params, int device) {
   plan_sparse_decode(params, device);
   std::optional<Tensor> partials;
   if (params.num_splits > 1) {
-    const int64_t rows = params.num_splits * b * s_q * h_q;
+    const int64_t rows = params.num_splits * (b * s_q - params.split_from) * h_q;
     partials = empty_cuda({rows * (kKvLoraRank + 1)}, ScalarType::Float, device);
     params.partial_out = static_cast<float*>(partials->data_ptr());
     params.partial_lse = params.partial_out + rows * kKvLoraRank;

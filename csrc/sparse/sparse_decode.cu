@@ -115,8 +115,30 @@ void plan_sparse_decode(SparseDecodeParams& p, int device) {
   const int tile_weight = tile == 16 ? 2 : tile == 32 ? 3 : 4;
   constexpr int kSplitCost = 3;
   if (splits > 1 && (total_tiles - (total_tiles + splits - 1) / splits) * tile_weight <= kSplitCost) splits = 1;
+  p.split_from = 0;
+  // More CTAs than SMs, 64-head tiles (one CTA per SM: the kernels take most of shared memory):
+  // the CTAs run in waves of num_sms. When the last requests' CTAs alone would make a last wave
+  // that leaves most SMs idle, their lists are split instead, so that the pieces fill the SMs that
+  // the waves before leave free and the last wave is short (b 74 x s_q 2 x 128 heads: 296 CTAs,
+  // the last 32 in 4 splits each). Each split keeps at least kMinTailTiles tiles.
+  constexpr int kMinTailTiles = 2;
+  const int64_t ctas_per_request = int64_t(p.s_q) * ((p.h_q + tile - 1) / tile);
+  const int64_t last_wave = ctas % info.num_sms;
+  if (tile == 64 && ctas > info.num_sms && last_wave != 0) {
+    const int64_t tail_requests = (last_wave + ctas_per_request - 1) / ctas_per_request;
+    const int64_t tail_ctas = tail_requests * ctas_per_request;
+    // SMs free in the last wave of the whole CTAs, in units of the tail's CTAs
+    const int64_t fill = (info.num_sms + tail_ctas - last_wave) / tail_ctas;
+    const int64_t tail_splits = std::min<int64_t>(fill, total_tiles / kMinTailTiles);
+    const int64_t split_from = (p.batch - tail_requests) * p.s_q;
+    if (tail_splits > 1 && split_from + tail_requests * p.s_q * tail_splits <= 65535) {
+      splits = static_cast<int>(tail_splits);
+      p.split_from = static_cast<int>(split_from);
+    }
+  }
   p.tiles_per_split = (total_tiles + splits - 1) / splits;
   p.num_splits = (total_tiles + p.tiles_per_split - 1) / p.tiles_per_split;
+  if (p.num_splits == 1) p.split_from = p.batch * p.s_q;
   p.block_div = FastDivmod(static_cast<int32_t>(std::clamp<int64_t>(p.block_size, 1, INT32_MAX)));
 }
 
@@ -159,27 +181,29 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
     by_format.template operator()<64>();
   }
   if (p.num_splits > 1) {
-    // The split combine shared with dense decode: every request has num_splits splits.
+    // The split combine shared with dense decode: the requests from split_from / s_q on (the split
+    // ones, c.b of them) have num_splits splits each.
+    const int first_request = p.split_from / p.s_q;
     combine::CombineParams c{};
     c.partial_o = p.partial_out;
     c.partial_lse = p.partial_lse;
     c.lse_is_natural = true;
     c.num_slots = p.num_splits;
-    c.stride_partial_slot = int64_t(p.batch) * p.s_q * p.h_q;  // [splits, b * s_q, h_q, 512]
+    c.stride_partial_slot = int64_t(p.batch - first_request) * p.s_q * p.h_q;  // [splits, tokens, h_q, 512]
     c.stride_partial_req = int64_t(p.s_q) * p.h_q;
     c.split_list = nullptr;
     c.split_info = nullptr;
     c.num_splits = p.num_splits;
     c.attn_sink = p.attn_sink;
-    c.out = p.out;  // [b, s_q, h_q, 512] bf16, contiguous
-    c.lse = p.lse;  // [b, h_q, s_q] fp32, contiguous
+    c.out = static_cast<__nv_bfloat16*>(p.out) + int64_t(first_request) * p.s_q * p.h_q * kKvLoraRank;  // [b, s_q, h_q, 512]
+    c.lse = p.lse + int64_t(first_request) * p.h_q * p.s_q;  // [b, h_q, s_q] fp32, contiguous
     c.stride_out_b = int64_t(p.s_q) * p.h_q * kKvLoraRank;
     c.stride_out_s = int64_t(p.h_q) * kKvLoraRank;
     c.stride_out_h = kKvLoraRank;
     c.stride_lse_b = int64_t(p.h_q) * p.s_q;
     c.stride_lse_h = p.s_q;
     c.stride_lse_s = 1;
-    c.b = p.batch;
+    c.b = p.batch - first_request;
     c.s_q = p.s_q;
     c.h_q = p.h_q;
     c.out_dtype = DType::kBF16;

@@ -23,8 +23,9 @@ struct SparseDecodeParams {
   const float* __restrict__ attn_sink;       // [h_q] fp32; may be nullptr
   void* __restrict__ out;                    // [b, s_q, h_q, 512] bf16, contiguous
   float* __restrict__ lse;                   // [b, h_q, s_q] fp32, contiguous, natural log
-  float* __restrict__ partial_out;           // [num_splits, b * s_q, h_q, 512] fp32 when num_splits > 1, else nullptr
-  float* __restrict__ partial_lse;           // [num_splits, b * s_q, h_q] fp32 when num_splits > 1, else nullptr
+  // When num_splits > 1: the query tokens from split_from on (b * s_q - split_from of them) are split.
+  float* __restrict__ partial_out;           // [num_splits, b * s_q - split_from, h_q, 512] fp32, else nullptr
+  float* __restrict__ partial_lse;           // [num_splits, b * s_q - split_from, h_q] fp32, else nullptr
   int batch;
   int s_q;
   int h_q;
@@ -40,12 +41,20 @@ struct SparseDecodeParams {
   CacheFormat format;                          // kAuto (bf16) or kFp8DsMla
   int num_splits;                              // from plan_sparse_decode(); 1 = no combine
   int tiles_per_split;                         // 64-key tiles each split covers
+  int split_from;                              // first split query token (b * s_q index, a request's first)
   cudaStream_t stream;
 };
 
+// CTAs along grid z: the whole query tokens, then num_splits per split token (cta_work in
+// portable/sparse_decode_portable.cuh).
+inline int sparse_grid_z(const SparseDecodeParams& p) {
+  return p.split_from + (p.batch * p.s_q - p.split_from) * p.num_splits;
+}
+
 // How the work is split (a function of the shapes and the GPU only: no device data is read, so
-// a captured CUDA graph replays the same plan). Fills num_splits and tiles_per_split: the top-k
-// list is split only when the CTAs leave SMs idle (small batches).
+// a captured CUDA graph replays the same plan). Fills num_splits, tiles_per_split and split_from:
+// the top-k lists are split when the CTAs leave SMs idle, all of them in small batches, else (64-head
+// tiles) those of the last requests, whose CTAs alone would make a last, mostly idle wave.
 void plan_sparse_decode(SparseDecodeParams& params, int device);
 
 // Launches the decode (and, when num_splits > 1, the split combine shared with dense decode,

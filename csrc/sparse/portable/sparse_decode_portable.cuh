@@ -2,8 +2,8 @@
 // kBulkRows (rows by bulk copies), is instantiated for the sm90 path only (sm90/).
 //
 // One CTA = one query token (b, s), one tile of kM heads, one split of the top-k list.
-// grid = (ceil(h_q / kM), num_splits, b * s_q); 256 threads = 8 warps (+ 4 copy warps in the sm90
-// 16-head kernel: PortableConfig::kCopyWarps).
+// grid = (ceil(h_q / kM), 1, sparse_grid_z(p): b * s_q and the CTAs of split lists); 256 threads =
+// 8 warps (+ 4 copy warps in the sm90 16-head kernel: PortableConfig::kCopyWarps).
 // See csrc/sparse/README.md for the warp roles and the bytes each tile reads.
 #pragma once
 
@@ -189,23 +189,35 @@ using sm80::fast_exp2;  // results below 2^-126 flush to 0: the fp16/bf16 P coul
 
 // ---- pieces shared with the sm90 kernel (sm90/sparse_decode_sm90_fp8.cu) ----------------------
 
-// A CTA's work (grid = (head tiles, splits, b * s_q)): query token (b, s) = bs, split `split`,
+// A CTA's work (grid = (head tiles, 1, sparse_grid_z(p))): query token (b, s) = bs, split `split`,
 // the tile_keys-key tiles [tile_begin, tile_begin + num_tiles) of its top-k list idx_row. Entries
-// past topk_length are invalid, so whole tiles past it are skipped.
+// past topk_length are invalid, so whole tiles past it are skipped. z < split_from: token z, its
+// whole list (out and lse written here); from split_from on, num_splits CTAs per token, each
+// writing partial rows partial_row0 + h for the combine.
 struct CtaWork {
   int bs, b, s, split;
+  bool whole;
+  int64_t partial_row0;
   int num_keys, tile_begin, num_tiles;
   const int32_t* idx_row;
 };
 __device__ __forceinline__ CtaWork cta_work(const SparseDecodeParams& p, int tile_keys) {
   CtaWork w;
-  w.split = blockIdx.y;
-  w.bs = blockIdx.z, w.b = w.bs / p.s_q, w.s = w.bs % p.s_q;
+  const int z = blockIdx.z;
+  w.whole = p.num_splits == 1 || z < p.split_from;
+  if (w.whole) {
+    w.bs = z, w.split = 0, w.partial_row0 = 0;
+  } else {
+    const int t = z - p.split_from;
+    w.bs = p.split_from + t / p.num_splits, w.split = t % p.num_splits;
+    w.partial_row0 = (int64_t(w.split) * (p.batch * p.s_q - p.split_from) + (w.bs - p.split_from)) * p.h_q;
+  }
+  w.b = w.bs / p.s_q, w.s = w.bs % p.s_q;
   w.num_keys = p.topk;
   if (p.topk_length != nullptr) w.num_keys = min(w.num_keys, max(p.topk_length[w.b], 0));
   const int total_tiles = (w.num_keys + tile_keys - 1) / tile_keys;
-  w.tile_begin = w.split * p.tiles_per_split;
-  w.num_tiles = max(0, min(total_tiles, w.tile_begin + p.tiles_per_split) - w.tile_begin);
+  w.tile_begin = w.whole ? 0 : w.split * p.tiles_per_split;
+  w.num_tiles = w.whole ? total_tiles : max(0, min(total_tiles, w.tile_begin + p.tiles_per_split) - w.tile_begin);
   w.idx_row = p.indices + w.b * p.stride_indices_b + w.s * p.stride_indices_s;
   return w;
 }
@@ -400,7 +412,8 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
   const int row_group = warp / Cfg::kColGroups, col_group = warp % Cfg::kColGroups;
   const int h0 = blockIdx.x * kM;
   const CtaWork work = cta_work(p, kN);
-  const int split = work.split, bs = work.bs, b = work.b, s = work.s;
+  const int bs = work.bs, b = work.b, s = work.s;
+  const bool whole = work.whole;
   const int num_keys = work.num_keys, tile_begin = work.tile_begin, num_tiles = work.num_tiles;
   const uint8_t* cache = static_cast<const uint8_t*>(p.kv_cache);
 
@@ -1268,7 +1281,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
       const float inv = any ? 1.f / l_total : 0.f;
       const float lse = any ? (s_mfin[r] + log2f(l_total)) * 0.6931471805599453f : -INFINITY;
       // 1 / l, times R (fp8_ds_mla), times the sink factor (unsplit only; the combine applies it).
-      const float sink = p.num_splits == 1 && p.attn_sink != nullptr ? attn_sink_factor(lse, p.attn_sink[h]) : 1.f;
+      const float sink = whole && p.attn_sink != nullptr ? attn_sink_factor(lse, p.attn_sink[h]) : 1.f;
       const float f = inv * sink * (Cfg::kDsMla ? v_ref : 1.f);
       const bool lse_writer = warp == 0 && lane % 4 == 0;
       if constexpr (Cfg::kE4m3Frags || Cfg::kPvRaw) {
@@ -1282,22 +1295,22 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
             v[4 + j] = o[mt][4 * S + j][2 * i + 1] * f;
           }
           const int d0 = col0 + 32 * S + 8 * (lane % 4);
-          if (p.num_splits == 1) {
+          if (whole) {
             auto* out = static_cast<__nv_bfloat16*>(p.out) + ((int64_t(bs) * p.h_q + h) * kKvLoraRank + d0);
             *reinterpret_cast<uint4*>(out) = make_uint4(sm80::pack2<__nv_bfloat16>(v[0], v[1]), sm80::pack2<__nv_bfloat16>(v[2], v[3]),
                                                         sm80::pack2<__nv_bfloat16>(v[4], v[5]), sm80::pack2<__nv_bfloat16>(v[6], v[7]));
           } else {
-            const int64_t row = (int64_t(split) * p.batch * p.s_q + bs) * p.h_q + h;
+            const int64_t row = work.partial_row0 + h;
             float4* out = reinterpret_cast<float4*>(p.partial_out + row * kKvLoraRank + d0);
             out[0] = make_float4(v[0], v[1], v[2], v[3]);
             out[1] = make_float4(v[4], v[5], v[6], v[7]);
           }
         }
         if (lse_writer) {
-          if (p.num_splits == 1) p.lse[(int64_t(b) * p.h_q + h) * p.s_q + s] = lse;
-          else p.partial_lse[(int64_t(split) * p.batch * p.s_q + bs) * p.h_q + h] = lse;
+          if (whole) p.lse[(int64_t(b) * p.h_q + h) * p.s_q + s] = lse;
+          else p.partial_lse[work.partial_row0 + h] = lse;
         }
-      } else if (p.num_splits == 1) {
+      } else if (whole) {
         auto* out = static_cast<__nv_bfloat16*>(p.out) + ((int64_t(bs) * p.h_q + h) * kKvLoraRank + out_col0);
 #pragma unroll
         for (int n = 0; n < Cfg::kOTiles; ++n) {
@@ -1305,7 +1318,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
         }
         if (lse_writer) p.lse[(int64_t(b) * p.h_q + h) * p.s_q + s] = lse;
       } else {
-        const int64_t row = (int64_t(split) * p.batch * p.s_q + bs) * p.h_q + h;
+        const int64_t row = work.partial_row0 + h;
         float* out = p.partial_out + row * kKvLoraRank + out_col0;
 #pragma unroll
         for (int n = 0; n < Cfg::kOTiles; ++n) {
@@ -1325,7 +1338,7 @@ void launch_sparse_decode_portable(const SparseDecodeParams& p) {
   int device = 0;
   MLA_CUDA_CHECK(cudaGetDevice(&device));
   opt_in_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, device);
-  const dim3 grid((p.h_q + kM - 1) / kM, p.num_splits, p.batch * p.s_q);
+  const dim3 grid((p.h_q + kM - 1) / kM, 1, sparse_grid_z(p));
   kernel<<<grid, Cfg::kLaunchThreads, Cfg::kSmemBytes, p.stream>>>(p);
   MLA_CHECK_LAUNCH();
 }

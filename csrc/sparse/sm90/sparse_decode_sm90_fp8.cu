@@ -117,7 +117,8 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
   const int qd = lane % 4;
   const int h0 = blockIdx.x * Cfg::kM;
   const CtaWork work = cta_work(p, kN);
-  const int split = work.split, bs = work.bs, b = work.b, s = work.s;
+  const int bs = work.bs, b = work.b, s = work.s;
+  const bool whole = work.whole;
   const int num_keys = work.num_keys, tile_begin = work.tile_begin, num_tiles = work.num_tiles;
   const uint8_t* cache = static_cast<const uint8_t*>(p.kv_cache);
 
@@ -363,20 +364,20 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
     const bool any = l_run[hh] != 0.f;  // 0: nothing attended; NaN (a NaN row attended) propagates
     const float inv = any ? 1.f / l_run[hh] : 0.f;
     const float lse = any ? (m_run[hh] + log2f(l_run[hh])) * 0.6931471805599453f : -INFINITY;
-    const float sink = p.num_splits == 1 && p.attn_sink != nullptr ? attn_sink_factor(lse, p.attn_sink[h]) : 1.f;
+    const float sink = whole && p.attn_sink != nullptr ? attn_sink_factor(lse, p.attn_sink[h]) : 1.f;
     const bool lse_writer = wg == 0 && qd == 0;
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
       const float f = inv * sink * v_ref[v];
       const int col = 256 * wg + 128 * v + 2 * qd;
-      if (p.num_splits == 1) {
+      if (whole) {
         auto* out = static_cast<__nv_bfloat16*>(p.out) + ((int64_t(bs) * p.h_q + h) * kKvLoraRank + col);
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
           *reinterpret_cast<__nv_bfloat162*>(out + 8 * i) = __floats2bfloat162_rn(o[v][4 * i + 2 * hh] * f, o[v][4 * i + 2 * hh + 1] * f);
         }
       } else {
-        const int64_t row = (int64_t(split) * p.batch * p.s_q + bs) * p.h_q + h;
+        const int64_t row = work.partial_row0 + h;
         float* out = p.partial_out + row * kKvLoraRank + col;
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
@@ -385,8 +386,8 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
       }
     }
     if (lse_writer) {
-      if (p.num_splits == 1) p.lse[(int64_t(b) * p.h_q + h) * p.s_q + s] = lse;
-      else p.partial_lse[(int64_t(split) * p.batch * p.s_q + bs) * p.h_q + h] = lse;
+      if (whole) p.lse[(int64_t(b) * p.h_q + h) * p.s_q + s] = lse;
+      else p.partial_lse[work.partial_row0 + h] = lse;
     }
   }
 #endif
@@ -400,7 +401,7 @@ void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p) {
   int device = 0;
   MLA_CUDA_CHECK(cudaGetDevice(&device));
   opt_in_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, device);
-  const dim3 grid((p.h_q + Cfg::kM - 1) / Cfg::kM, p.num_splits, p.batch * p.s_q);
+  const dim3 grid((p.h_q + Cfg::kM - 1) / Cfg::kM, 1, sparse_grid_z(p));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, p.stream>>>(p);
   MLA_CHECK_LAUNCH();
 }
