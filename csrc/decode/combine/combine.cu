@@ -1,9 +1,8 @@
 // Split combine (dense and sparse decode): merge the partial (o, lse) of split rows by their lse.
 //
 // Grid (s_q * h_q * kChunks, items): CTA x = (query row, chunk of 512 / kChunks output dims);
-// y walks the requests to merge (dense: the planner's list of split requests, which ends at the
-// first -1; sparse: every request), striding by gridDim.y so the grid stays small when few
-// requests are split. Inside a CTA, kLanes threads cover the chunk's dims with one float4 each
+// y = the request to merge (dense: entry y of the planner's list of split requests, which ends at
+// the first -1; sparse: every request), striding by gridDim.y past 65535 requests. Inside a CTA, kLanes threads cover the chunk's dims with one float4 each
 // and the kGroups = 256 / kLanes thread groups take splits g, g + kGroups, ...; each thread
 // issues the loads of kUnroll splits before using any (one long request cut over every SM: 128
 // splits of a row are all in flight at once with kChunks = 8), keeps a running max / sum /
@@ -182,9 +181,10 @@ void run_split_combine(const CombineParams& p) {
   int chunks = 1;
   while (chunks < 8 && num_rows * chunks * items < 2 * int64_t(p.num_sms)) chunks *= 2;
   MLA_HOST_CHECK(num_rows * chunks < (int64_t(1) << 31), "combine: too many query rows");
-  // About four CTAs per SM in total; each walks every gridDim.y-th request.
+  // One CTA per (row chunk, request), so that every merge's loads are in flight at once (a CTA that
+  // walks several requests waits one memory latency per request). gridDim.y stops at 65535.
   const int64_t per_item = num_rows * chunks;
-  const int64_t ys = std::clamp<int64_t>((4 * int64_t(p.num_sms) + per_item - 1) / per_item, 1, std::min<int64_t>(items, 65535));
+  const int64_t ys = std::clamp<int64_t>(items, 1, 65535);
   const dim3 grid(static_cast<unsigned>(per_item), static_cast<unsigned>(ys));
   MLA_DISPATCH_HALF_TYPES(p.out_dtype, "out", [&] {
     switch (chunks) {
