@@ -2,11 +2,11 @@
 //
 // Grid (s_q * h_q * kChunks, items): CTA x = (query row, chunk of 512 / kChunks output dims);
 // y = the request to merge (dense: entry y of the planner's list of split requests, which ends at
-// the first -1; sparse: every request), striding by gridDim.y past 65535 requests. Inside a CTA, kLanes threads cover the chunk's dims with one float4 each
-// and the kGroups = 256 / kLanes thread groups take splits g, g + kGroups, ...; each thread
-// issues the loads of kUnroll splits before using any (one long request cut over every SM: 128
-// splits of a row are all in flight at once with kChunks = 8), keeps a running max / sum /
-// weighted sum, and the groups meet in shared memory.
+// the first -1; sparse: every request), striding by gridDim.y past 65535 requests. Inside a CTA,
+// kLanes threads cover the chunk's dims with one float4 each and the kGroups = 256 / kLanes thread
+// groups take splits g, g + kGroups, ...; each thread issues the loads of kUnroll splits before
+// using any (one long request cut over every SM: 128 splits of a row are all in flight at once with
+// kChunks = 8), keeps a running max / sum / weighted sum, and the groups meet in shared memory.
 //
 // kChunks is picked so that rows x chunks x requests covers the SMs about twice: one long
 // request (16 rows, 128 splits) runs 128 CTAs of 64 dims, a large batch runs one CTA per row.

@@ -18,6 +18,7 @@
 #include "common/cuda_check.h"
 #include "common/e4m3.cuh"
 #include "common/mbarrier.cuh"  // kBulkRows, copy warps
+#include "common/pdl.cuh"
 #include "common/sm80.cuh"
 #include "common/target.h"     // MLA_SM90A
 #include "common/types.h"
@@ -411,6 +412,10 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int row_group = warp / Cfg::kColGroups, col_group = warp % Cfg::kColGroups;
   const int h0 = blockIdx.x * kM;
+  // Launched as a programmatic dependent (common/pdl.cuh): wait until what the kernels before wrote
+  // (q, the indices, a gathered DeepSeek-V4 cache) is visible, then let the combine launch.
+  pdl_wait_prerequisites();
+  pdl_launch_dependents();
   const CtaWork work = cta_work(p, kN);
   const int bs = work.bs, b = work.b, s = work.s;
   const bool whole = work.whole;
@@ -1338,9 +1343,8 @@ void launch_sparse_decode_portable(const SparseDecodeParams& p) {
   int device = 0;
   MLA_CUDA_CHECK(cudaGetDevice(&device));
   opt_in_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, device);
-  const dim3 grid((p.h_q + kM - 1) / kM, 1, sparse_grid_z(p));
-  kernel<<<grid, Cfg::kLaunchThreads, Cfg::kSmemBytes, p.stream>>>(p);
-  MLA_CHECK_LAUNCH();
+  launch_dependent(kernel, dim3((p.h_q + kM - 1) / kM, 1, sparse_grid_z(p)), dim3(Cfg::kLaunchThreads), Cfg::kSmemBytes,
+                   p.stream, p);
 }
 
 template <int kM, CacheFormat kFormat, int kStages>

@@ -33,6 +33,7 @@
 #include "common/cuda_check.h"
 #include "common/e4m3.cuh"
 #include "common/mbarrier.cuh"
+#include "common/pdl.cuh"
 #include "common/sm80.cuh"
 #include "common/sm90/wgmma.cuh"
 #include "common/types.h"
@@ -116,6 +117,9 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), tid_wg = tid % 128, wq = warp % 4;
   const int qd = lane % 4;
   const int h0 = blockIdx.x * Cfg::kM;
+  // A programmatic dependent, as the portable kernels (common/pdl.cuh).
+  pdl_wait_prerequisites();
+  pdl_launch_dependents();
   const CtaWork work = cta_work(p, kN);
   const int bs = work.bs, b = work.b, s = work.s;
   const bool whole = work.whole;
@@ -401,9 +405,8 @@ void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p) {
   int device = 0;
   MLA_CUDA_CHECK(cudaGetDevice(&device));
   opt_in_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, device);
-  const dim3 grid((p.h_q + Cfg::kM - 1) / Cfg::kM, 1, sparse_grid_z(p));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, p.stream>>>(p);
-  MLA_CHECK_LAUNCH();
+  launch_dependent(kernel, dim3((p.h_q + Cfg::kM - 1) / Cfg::kM, 1, sparse_grid_z(p)), dim3(Cfg::kThreads),
+                   Cfg::kSmemBytes, p.stream, p);
 }
 
 }  // namespace mla::sparse
