@@ -124,9 +124,9 @@ def sparse_decode_mla_v4(
     out : Tensor ``[b, s_q, h_q, 512]`` bfloat16 (the value is the whole row, RoPE dims included)
     lse : Tensor ``[b, h_q, s_q]`` float32, natural log; -inf where nothing was valid
 
-    On CUDA the selected rows are gathered and dequantised to bf16 first, then attended by the V3
-    sparse decode kernels (csrc/sparse/v4_gather.h): correct on every architecture, not yet a
-    fused kernel (bench/results/sparse_v4_vs_flashmla.md).
+    On sm90 with fp8_ds_mla pools and more than 32 heads one fused kernel reads both pools' rows;
+    elsewhere the selected rows are gathered and dequantised to bf16 first, then attended by the V3
+    sparse decode kernels (csrc/sparse/v4_decode.h; bench/results/sparse_v4_vs_flashmla.md).
     """
     if checked or (checked is None and checked_from_env()):
         validate_sparse_decode_v4(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_length, attn_sink,

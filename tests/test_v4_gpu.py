@@ -5,10 +5,11 @@ bit-exact, everything else untouched), both formats, bf16 and fp16 rows with the
 cases (zero tiles, the 1e-4 floor, subnormals, inf, NaN), strided and misaligned inputs, padded
 pages, negative and out-of-range slots.
 
-Sparse decode (csrc/sparse/v4_gather.h, then the V3 sparse kernels): both formats, both pools with
-their own page sizes, head counts with and without full tiles, s_q 1 and 2, lengths (0, cut inside a
-tile, past the list), sinks (+-inf), -1 / out-of-range / duplicate indices, NaN in every unused cache
-slot, on the architecture's kernels and forced portable.
+Sparse decode (csrc/sparse/v4_decode.h: the fused sm90 kernel for fp8_ds_mla with more than 32 heads,
+else the gather and the V3 sparse kernels): both formats, both pools with their own page sizes, head
+counts with and without full tiles, s_q 1 and 2, lengths (0, cut inside a tile, past the list), sinks
+(+-inf), -1 / out-of-range / duplicate indices, NaN in every unused cache slot, split and whole
+lists, on the architecture's kernels and forced portable.
 
 Both: bad input refused with the reference's messages."""
 
@@ -165,12 +166,22 @@ def _lengths(b, topk):
 
 @pytest.mark.parametrize("path", ["default", "portable"])
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "auto"])
-@pytest.mark.parametrize("h_q", [16, 64, 128, 7])
+@pytest.mark.parametrize("h_q", [16, 64, 128, 7, 80])
 @pytest.mark.parametrize("s_q", [1, 2])
 @pytest.mark.parametrize("extra", [None, 64, 2])
 def test_decode_matches_reference(path, fmt, h_q, s_q, extra, request):
+    _decode_matches_reference(path, fmt, h_q, s_q, extra, request, b=3)
+
+
+@pytest.mark.parametrize("extra", [None, 64])
+def test_decode_large_batch_matches_reference(extra, request):
+    """More CTAs than SMs: whole lists, and the last requests' lists split to fill the last wave."""
+    _decode_matches_reference("default", "fp8_ds_mla", 128, 2, extra, request, b=75)
+
+
+def _decode_matches_reference(path, fmt, h_q, s_q, extra, request, b):
     use_path(request, path)
-    b, topk, extra_topk = 3, 128, 96
+    topk, extra_topk = 128, 96
     main, good, poisoned = _pool(4, 256, fmt)
     topk_length = _lengths(b, topk)
     idx = _index_list(b, s_q, topk, good, poisoned, main.shape[0] * main.shape[1], topk_length)
@@ -194,12 +205,13 @@ def test_decode_matches_reference(path, fmt, h_q, s_q, extra, request):
 
 @pytest.mark.parametrize("path", ["default", "portable"])
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "auto"])
-def test_small_decode_one_entry_reads_the_row_exactly(path, fmt, request):
+@pytest.mark.parametrize("h_q", [16, 64])
+def test_small_decode_one_entry_reads_the_row_exactly(path, fmt, h_q, request):
     """A query with one valid entry (among -1, out-of-range and past-the-length ones) returns that
-    row, bit-exact: the gather's dequantisation (scales 2^-20 .. 2^20 apart between tiles) is exact
-    in bf16, and P is 1. Each query's entry is in the main or the extra pool."""
+    row, bit-exact: the dequantisation (scales 2^-20 .. 2^20 apart between tiles) is exact in bf16,
+    and P is 1. Each query's entry is in the main or the extra pool."""
     use_path(request, path)
-    b, s_q, h_q, topk, extra_topk = 3, 2, 16, 40, 24
+    b, s_q, topk, extra_topk = 3, 2, 40, 24
     main, good, _ = _pool(8, 64, fmt, random_rows(8 * 64 + 8)[8:].cuda())  # (rows 0-7 hold inf / NaN tiles)
     extra, xgood, _ = _pool(300, 2, fmt, random_rows(600 + 8)[8:].cuda())
     idx = torch.full((b, s_q, topk), -1, dtype=torch.int32, device="cuda")
@@ -223,11 +235,12 @@ def test_small_decode_one_entry_reads_the_row_exactly(path, fmt, request):
     assert_close(lse, ref_lse, cos_tol=1e-7, atol=5e-4, rtol=1e-4, name="lse")
 
 
-def test_small_decode_nothing_valid_and_nan_rows():
+@pytest.mark.parametrize("h_q", [16, 64])
+def test_small_decode_nothing_valid_and_nan_rows(h_q):
     """All-invalid lists give out 0 and lse -inf; a counted entry on a NaN row makes its query's out
     and lse NaN."""
     main, good, poisoned = _pool(2, 64, "fp8_ds_mla")
-    q = torch.randn(2, 1, 16, 512, dtype=BF16, device="cuda")
+    q = torch.randn(2, 1, h_q, 512, dtype=BF16, device="cuda")
     idx = torch.full((2, 1, 40), -1, dtype=torch.int32, device="cuda")
     idx[1, 0, :5] = good[:5].int()
     idx[1, 0, 7] = poisoned[0].int()

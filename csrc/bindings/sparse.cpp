@@ -7,7 +7,7 @@
 
 #include "bindings/stable_helpers.h"
 #include "sparse/sparse_decode.h"
-#include "sparse/v4_gather.h"
+#include "sparse/v4_decode.h"
 
 namespace mla::bindings {
 namespace {
@@ -28,8 +28,10 @@ Tensor contiguous_or_copy(const Tensor& t) { return t.is_contiguous() ? t : torc
 
 // Runs a validated sparse decode: allocates out and lse, splits the work (plan_sparse_decode),
 // allocates the partials a split plan needs (o, then lse, in one allocation, merged by the combine;
-// through the caching allocator, so a captured graph keeps its own buffer) and launches.
-std::tuple<Tensor, Tensor> run_sparse(SparseDecodeParams& params, int device) {
+// through the caching allocator, so a captured graph keeps its own buffer) and launches: `launch`
+// runs the kernels on the completed params (by default run_sparse_decode_mla).
+template <typename Launch>
+std::tuple<Tensor, Tensor> run_sparse(SparseDecodeParams& params, int device, Launch&& launch) {
   const int64_t b = params.batch, s_q = params.s_q, h_q = params.h_q;
   Tensor out = empty_cuda({b, s_q, h_q, kKvLoraRank}, ScalarType::BFloat16, device);
   Tensor lse = empty_cuda({b, h_q, s_q}, ScalarType::Float, device);
@@ -43,8 +45,11 @@ std::tuple<Tensor, Tensor> run_sparse(SparseDecodeParams& params, int device) {
     params.partial_out = static_cast<float*>(partials->data_ptr());
     params.partial_lse = params.partial_out + rows * kKvLoraRank;
   }
-  run_sparse_decode_mla(params, device);
+  launch();
   return {out, lse};
+}
+std::tuple<Tensor, Tensor> run_sparse(SparseDecodeParams& params, int device) {
+  return run_sparse(params, device, [&] { run_sparse_decode_mla(params, device); });
 }
 
 std::tuple<Tensor, Tensor> sparse_decode_mla(Tensor q_in, Tensor kv_cache, Tensor indices, double softmax_scale,
@@ -244,10 +249,10 @@ V4Pool v4_pool(const Tensor& cache, const Tensor& indices, const std::optional<T
   return pool;
 }
 
-// DeepSeek-V4 sparse decode: the selected rows of both pools are gathered, dequantised to bf16 and
-// widened to the V3 latent layout (csrc/sparse/v4_gather.h), then the V3 sparse decode runs on them
-// with -1 at the invalid entries. Correct on every architecture, not tuned: the rows are written
-// and read once more than a fused kernel would.
+// DeepSeek-V4 sparse decode (csrc/sparse/v4_decode.h): on sm90 with fp8_ds_mla pools and more than
+// 32 heads the fused kernel; otherwise the selected rows of both pools are gathered, dequantised to
+// bf16 and widened to the V3 latent layout, then the V3 sparse decode runs on them with -1 at the
+// invalid entries (correct on every architecture; the rows are written and read once more).
 std::tuple<Tensor, Tensor> sparse_decode_mla_v4(Tensor q, Tensor kv_cache, Tensor indices, double softmax_scale,
                                                 std::string kv_cache_dtype, std::optional<Tensor> topk_length,
                                                 std::optional<Tensor> attn_sink, std::optional<Tensor> extra_kv_cache,
@@ -307,12 +312,41 @@ std::tuple<Tensor, Tensor> sparse_decode_mla_v4(Tensor q, Tensor kv_cache, Tenso
 
   const CudaDeviceScope device_scope(device);
   const cudaStream_t stream = current_stream(device);
+  std::optional<Tensor> topk_length_c, extra_topk_length_c, attn_sink_c;
+  if (topk_length.has_value()) topk_length_c = contiguous_or_copy(*topk_length);
+  if (extra_topk_length.has_value()) extra_topk_length_c = contiguous_or_copy(*extra_topk_length);
+  if (attn_sink.has_value()) attn_sink_c = contiguous_or_copy(*attn_sink);
+  const float* attn_sink_ptr = attn_sink_c.has_value() ? static_cast<const float*>(attn_sink_c->data_ptr()) : nullptr;
+
+  // Fused (sm90, fp8_ds_mla, more than 32 heads; csrc/sparse/sm90/sparse_decode_sm90_v4.cu): the
+  // rows are read once from both caches (16-byte aligned bases for the bulk copies).
+  const int64_t tiles = (indices.size(2) + 63) / 64 + (extra_indices.has_value() ? (extra_indices->size(2) + 63) / 64 : 0);
+  if (ds_mla && v4_fused_supported(device, h_q) && mla::aligned16(kv_cache.data_ptr()) &&
+      (!extra_kv_cache.has_value() || mla::aligned16(extra_kv_cache->data_ptr())) && 64 * tiles <= kSparseMaxTopk) {
+    const Tensor q_rows = aligned_or_copy(q, "q", op);
+    V4FusedParams fused{};
+    fused.pool[0] = v4_pool(kv_cache, indices, topk_length_c);
+    if (extra_kv_cache.has_value()) fused.pool[1] = v4_pool(*extra_kv_cache, *extra_indices, extra_topk_length_c);
+    SparseDecodeParams& params = fused.sparse;
+    params.q = q_rows.data_ptr();
+    params.attn_sink = attn_sink_ptr;
+    params.batch = static_cast<int>(b);
+    params.s_q = static_cast<int>(s_q);
+    params.h_q = static_cast<int>(h_q);
+    params.topk = static_cast<int>(64 * tiles);  // what the plan splits: both lists in 64-key tiles
+    params.stride_q_b = q_rows.stride(0);
+    params.stride_q_s = q_rows.stride(1);
+    params.stride_q_h = q_rows.stride(2);
+    params.block_size = 1;  // (the pools carry their own)
+    params.softmax_scale = static_cast<float>(softmax_scale);
+    params.format = CacheFormat::kFp8DsMla;
+    params.stream = stream;
+    return run_sparse(params, device, [&] { run_sparse_decode_v4_fused(fused, device); });
+  }
+
   Tensor q_wide = empty_cuda({b, s_q, h_q, kLatentDim}, ScalarType::BFloat16, device);
   Tensor rows = empty_cuda({b * s_q * total, kLatentDim}, ScalarType::BFloat16, device);
   Tensor row_index = empty_cuda({b, s_q, total}, ScalarType::Int, device);
-  std::optional<Tensor> topk_length_c, extra_topk_length_c;
-  if (topk_length.has_value()) topk_length_c = contiguous_or_copy(*topk_length);
-  if (extra_topk_length.has_value()) extra_topk_length_c = contiguous_or_copy(*extra_topk_length);
 
   V4GatherParams g{};
   g.q = q.data_ptr();
@@ -331,14 +365,12 @@ std::tuple<Tensor, Tensor> sparse_decode_mla_v4(Tensor q, Tensor kv_cache, Tenso
   g.stream = stream;
   run_v4_gather(g);
 
-  std::optional<Tensor> attn_sink_c;
-  if (attn_sink.has_value()) attn_sink_c = contiguous_or_copy(*attn_sink);
   SparseDecodeParams params{};
   params.q = q_wide.data_ptr();
   params.kv_cache = rows.data_ptr();
   params.indices = g.row_index;
   params.topk_length = nullptr;  // (the lengths made the entries past them -1)
-  params.attn_sink = attn_sink_c.has_value() ? static_cast<const float*>(attn_sink_c->data_ptr()) : nullptr;
+  params.attn_sink = attn_sink_ptr;
   params.batch = static_cast<int>(b);
   params.s_q = static_cast<int>(s_q);
   params.h_q = static_cast<int>(h_q);

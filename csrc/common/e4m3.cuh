@@ -3,6 +3,7 @@
 // cache's scales can stay out of the MMA operands (applied to partial sums instead).
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -113,5 +114,27 @@ __device__ __forceinline__ void split_e4m3x2(float x0, float x1, uint16_t& hi, u
 
 // 2^e for |e| <= 126, exactly.
 __device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) << 23); }
+
+// A DeepSeek-V4 UE8M0 scale byte -> 2^(byte - 127) (byte 0: the fp32 subnormal 2^-127), 0xFF NaN.
+__device__ __forceinline__ float ue8m0_to_float(uint32_t byte) {
+  if (byte == 0xFFu) return __uint_as_float(0x7fc00000u);
+  return byte == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(byte << 23);
+}
+
+// Eight e4m3 bytes (w.x: elements 0-3) times a V4 scale -> eight bf16 (uint4, element 0 in the low
+// half of .x). e4m3 -> fp16 -> fp32 is exact, and so are the product and its bf16 rounding for
+// every power-of-two scale a writer makes (4 significant bits, fp32's exponent range).
+__device__ __forceinline__ uint4 x8_scaled_to_bf16x8(uint2 w, float scale) {
+  uint32_t h[4], r[4];
+  x4_to_f16x2x2(w.x, h[0], h[1]);
+  x4_to_f16x2x2(w.y, h[2], h[3]);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[i]));
+    const __nv_bfloat162 v = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+    r[i] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  return make_uint4(r[0], r[1], r[2], r[3]);
+}
 
 }  // namespace mla::e4m3

@@ -142,6 +142,38 @@ void plan_sparse_decode(SparseDecodeParams& p, int device) {
   p.block_div = FastDivmod(static_cast<int32_t>(std::clamp<int64_t>(p.block_size, 1, INT32_MAX)));
 }
 
+void run_sparse_combine(const SparseDecodeParams& p, int num_sms) {
+  // The split combine shared with dense decode: the requests from split_from / s_q on (the split
+  // ones, c.b of them) have num_splits splits each.
+  const int first_request = p.split_from / p.s_q;
+  combine::CombineParams c{};
+  c.partial_o = p.partial_out;
+  c.partial_lse = p.partial_lse;
+  c.lse_is_natural = true;
+  c.num_slots = p.num_splits;
+  c.stride_partial_slot = int64_t(p.batch - first_request) * p.s_q * p.h_q;  // [splits, tokens, h_q, 512]
+  c.stride_partial_req = int64_t(p.s_q) * p.h_q;
+  c.split_list = nullptr;
+  c.split_info = nullptr;
+  c.num_splits = p.num_splits;
+  c.attn_sink = p.attn_sink;
+  c.out = static_cast<__nv_bfloat16*>(p.out) + int64_t(first_request) * p.s_q * p.h_q * kKvLoraRank;  // [b, s_q, h_q, 512]
+  c.lse = p.lse + int64_t(first_request) * p.h_q * p.s_q;  // [b, h_q, s_q] fp32, contiguous
+  c.stride_out_b = int64_t(p.s_q) * p.h_q * kKvLoraRank;
+  c.stride_out_s = int64_t(p.h_q) * kKvLoraRank;
+  c.stride_out_h = kKvLoraRank;
+  c.stride_lse_b = int64_t(p.h_q) * p.s_q;
+  c.stride_lse_h = p.s_q;
+  c.stride_lse_s = 1;
+  c.b = p.batch - first_request;
+  c.s_q = p.s_q;
+  c.h_q = p.h_q;
+  c.out_dtype = DType::kBF16;
+  c.num_sms = num_sms;
+  c.stream = p.stream;
+  combine::run_split_combine(c);
+}
+
 void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
   MLA_HOST_CHECK(p.num_splits >= 1 && p.tiles_per_split >= 1, "plan_sparse_decode() must run first");
   MLA_HOST_CHECK(p.num_splits == 1 || (p.partial_out != nullptr && p.partial_lse != nullptr),
@@ -180,37 +212,7 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
   } else {
     by_format.template operator()<64>();
   }
-  if (p.num_splits > 1) {
-    // The split combine shared with dense decode: the requests from split_from / s_q on (the split
-    // ones, c.b of them) have num_splits splits each.
-    const int first_request = p.split_from / p.s_q;
-    combine::CombineParams c{};
-    c.partial_o = p.partial_out;
-    c.partial_lse = p.partial_lse;
-    c.lse_is_natural = true;
-    c.num_slots = p.num_splits;
-    c.stride_partial_slot = int64_t(p.batch - first_request) * p.s_q * p.h_q;  // [splits, tokens, h_q, 512]
-    c.stride_partial_req = int64_t(p.s_q) * p.h_q;
-    c.split_list = nullptr;
-    c.split_info = nullptr;
-    c.num_splits = p.num_splits;
-    c.attn_sink = p.attn_sink;
-    c.out = static_cast<__nv_bfloat16*>(p.out) + int64_t(first_request) * p.s_q * p.h_q * kKvLoraRank;  // [b, s_q, h_q, 512]
-    c.lse = p.lse + int64_t(first_request) * p.h_q * p.s_q;  // [b, h_q, s_q] fp32, contiguous
-    c.stride_out_b = int64_t(p.s_q) * p.h_q * kKvLoraRank;
-    c.stride_out_s = int64_t(p.h_q) * kKvLoraRank;
-    c.stride_out_h = kKvLoraRank;
-    c.stride_lse_b = int64_t(p.h_q) * p.s_q;
-    c.stride_lse_h = p.s_q;
-    c.stride_lse_s = 1;
-    c.b = p.batch - first_request;
-    c.s_q = p.s_q;
-    c.h_q = p.h_q;
-    c.out_dtype = DType::kBF16;
-    c.num_sms = info.num_sms;
-    c.stream = p.stream;
-    combine::run_split_combine(c);
-  }
+  if (p.num_splits > 1) run_sparse_combine(p, info.num_sms);
 }
 
 }  // namespace mla

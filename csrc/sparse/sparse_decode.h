@@ -61,6 +61,10 @@ void plan_sparse_decode(SparseDecodeParams& params, int device);
 // csrc/decode/combine/combine.h, which also applies attn_sink). CUDA-graph safe: no host sync, no
 // allocation (partial_out/partial_lse are allocated by the caller from the plan).
 void run_sparse_decode_mla(const SparseDecodeParams& params, int device);
+// The combine of a split plan (num_splits > 1): merges the partials of the tokens from split_from on
+// into out and lse and applies attn_sink to them. run_sparse_decode_mla calls it; so does the fused
+// DeepSeek-V4 decode (v4_decode.h), whose partials have the same layout.
+void run_sparse_combine(const SparseDecodeParams& params, int num_sms);
 
 struct SparseIndicesToSlotsParams {
   const int32_t* __restrict__ local_indices;  // [b, s_q, topk] int32 token positions, contiguous; < 0 = padding

@@ -5,14 +5,14 @@
 // RoPE dims. Lanes 0-7 write the 64 zero dims. Entry validity is the V3 rule: 0 <= slot <
 // num_slots and a position below the list's length (a length past the list counts all of it).
 #include <cuda_bf16.h>
-#include <cuda_fp8.h>
 
 #include <algorithm>
 
 #include "common/arch.h"
 #include "common/cuda_check.h"
 #include "common/dispatch.h"
-#include "sparse/v4_gather.h"
+#include "common/e4m3.cuh"
+#include "sparse/v4_decode.h"
 
 namespace mla {
 namespace {
@@ -29,24 +29,6 @@ __device__ __forceinline__ uint4 load16(const uint8_t* src) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) w[i] = src[4 * i] | (src[4 * i + 1] << 8) | (src[4 * i + 2] << 16) | (uint32_t(src[4 * i + 3]) << 24);
   return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// UE8M0 byte -> 2^(byte - 127) (byte 0: the fp32 subnormal 2^-127), 0xFF NaN.
-__device__ __forceinline__ float ue8m0_to_float(uint32_t byte) {
-  if (byte == 0xFFu) return __uint_as_float(0x7fc00000u);
-  return byte == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(byte << 23);
-}
-
-// 4 e4m3 bytes times scale -> 2 words of 2 bf16.
-__device__ __forceinline__ uint2 dequant4(uint32_t w, float scale) {
-  float f[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(w >> (8 * i)), __NV_E4M3);
-    f[i] = __half2float(__half(h)) * scale;
-  }
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(f[0], f[1]), hi = __floats2bfloat162_rn(f[2], f[3]);
-  return make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
 }
 
 template <bool kVec, bool kDsMla>
@@ -90,11 +72,9 @@ __global__ void __launch_bounds__(kThreads) v4_gather_kernel(const __grid_consta
         const uint8_t* data = page + offset * 576;
         if (lane < kNopeLanes) {
           const uint4 raw = load16<kVec>(data + 16 * lane);
-          const float scale = ue8m0_to_float(page[pool.block_size * 576 + offset * 8 + lane / 4]);
-          const uint2 a = dequant4(raw.x, scale), b = dequant4(raw.y, scale), c = dequant4(raw.z, scale),
-                      d = dequant4(raw.w, scale);
-          piece[0] = make_uint4(a.x, a.y, b.x, b.y);
-          piece[1] = make_uint4(c.x, c.y, d.x, d.y);
+          const float scale = e4m3::ue8m0_to_float(page[pool.block_size * 576 + offset * 8 + lane / 4]);
+          piece[0] = e4m3::x8_scaled_to_bf16x8(make_uint2(raw.x, raw.y), scale);
+          piece[1] = e4m3::x8_scaled_to_bf16x8(make_uint2(raw.z, raw.w), scale);
         } else {
           const uint8_t* src = data + 448 + 32 * (lane - kNopeLanes);
           piece[0] = load16<kVec>(src);

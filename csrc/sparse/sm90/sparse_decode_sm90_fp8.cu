@@ -38,6 +38,7 @@
 #include "common/sm90/wgmma.cuh"
 #include "common/types.h"
 #include "sparse/portable/sparse_decode_portable.cuh"  // shared pieces: key_tiles, load_q_tile, slot_row, dequant_ds_mla_rows, ...
+#include "sparse/sm90/m64_tile.cuh"                     // partial S exchange, online softmax, epilogue
 #include "sparse/sparse_decode.h"
 
 namespace mla::sparse {
@@ -231,53 +232,13 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
         sc[4 * i + 3] = fmaf(acc[4 * i + 3], ks.y, sc[4 * i + 3]);
       }
     }
-    // Full S = own partial + the other warpgroup's (same positions: thread tid_wg of either
-    // warpgroup holds the same rows and keys). Both warpgroups add in the same order-free way
-    // (a + b == b + a), so they hold bit-identical S and make identical softmax decisions.
-    // float4 per thread and step: a warp's 32 stores are 512 contiguous bytes (no conflicts).
-    float4* red = reinterpret_cast<float4*>(s_red);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) red[(wg * 8 + j) * 128 + tid_wg] = make_float4(sc[4 * j], sc[4 * j + 1], sc[4 * j + 2], sc[4 * j + 3]);
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float4 v = red[((1 - wg) * 8 + j) * 128 + tid_wg];
-      sc[4 * j] += v.x, sc[4 * j + 1] += v.y, sc[4 * j + 2] += v.z, sc[4 * j + 3] += v.w;
-    }
-    // Softmax (exp2 domain): scores scaled first, masked with selects (a masked score must never
-    // turn into NaN). The row max is the max of the scaled scores, so 2^(s - m) <= 1 holds exactly
-    // and the max key's P is 1 at any magnitude. (Unscaled scores with one fma(s, rs, -m) per key
-    // saved 32 FMULs, but the exact product s rs sits up to an ulp of m away from m, 16 at |m| ~ 2^27:
-    // the max key's P came out anywhere in 2^-16 .. 2^8, which overflowed P' in fp16 or left it
-    // subnormal, and the output then differed from the spec's: cosine difference 0.2.)
-    const int* valid = s_valid + vs * kN;
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int2 ok = *reinterpret_cast<const int2*>(valid + 8 * i + 2 * qd);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const bool k_ok = (e & 1) ? ok.y : ok.x;
-        sc[4 * i + e] = k_ok ? sc[4 * i + e] * row_scale[e / 2] : -INFINITY;
-        mx[e / 2] = fmaxf(mx[e / 2], sc[4 * i + e]);
-      }
-    }
-    float corr[2], m_use[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 1));
-      mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 2));
-      const float m_new = fmaxf(m_run[hh], mx[hh]);
-      m_use[hh] = m_new == -INFINITY ? 0.f : m_new;  // all masked so far: exp2(-inf - 0) = 0
-      corr[hh] = sm80::fast_exp2(m_run[hh] - m_use[hh]);
-      m_run[hh] = m_new;
-      l_run[hh] *= corr[hh];
-    }
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      sc[i] = sm80::fast_exp2(sc[i] - m_use[i % 4 / 2]);
-      l_run[i % 4 / 2] += sc[i];
-    }
+    // Full S (m64::sum_partial_s), then the online softmax. (Unscaled scores with one fma(s, rs, -m)
+    // per key saved 32 FMULs, but the exact product s rs sits up to an ulp of m away from m, 16 at
+    // |m| ~ 2^27: the max key's P came out anywhere in 2^-16 .. 2^8, which overflowed P' in fp16 or
+    // left it subnormal, and the output then differed from the spec's: cosine difference 0.2.)
+    m64::sum_partial_s(sc, s_red, wg, tid_wg);
+    float corr[2];
+    m64::online_softmax(sc, s_valid + vs * kN, qd, row_scale, m_run, l_run, corr);
     // Per value tile: R update (warp vote), O rescale (skipped when nothing changed), P' in fp16,
     // 4 wgmma k-steps of 16 keys. The second tile's P' is built while the first's wgmma run.
 #pragma unroll
@@ -355,45 +316,8 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
     });
   }
 
-  // ---- epilogue -------------------------------------------------------------------------------
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    l_run[hh] += __shfl_xor_sync(0xffffffffu, l_run[hh], 1);
-    l_run[hh] += __shfl_xor_sync(0xffffffffu, l_run[hh], 2);
-  }
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int r = r_lo + 8 * hh, h = h0 + r;
-    if (h >= p.h_q) continue;
-    const bool any = l_run[hh] != 0.f;  // 0: nothing attended; NaN (a NaN row attended) propagates
-    const float inv = any ? 1.f / l_run[hh] : 0.f;
-    const float lse = any ? (m_run[hh] + log2f(l_run[hh])) * 0.6931471805599453f : -INFINITY;
-    const float sink = whole && p.attn_sink != nullptr ? attn_sink_factor(lse, p.attn_sink[h]) : 1.f;
-    const bool lse_writer = wg == 0 && qd == 0;
-#pragma unroll
-    for (int v = 0; v < 2; ++v) {
-      const float f = inv * sink * v_ref[v];
-      const int col = 256 * wg + 128 * v + 2 * qd;
-      if (whole) {
-        auto* out = static_cast<__nv_bfloat16*>(p.out) + ((int64_t(bs) * p.h_q + h) * kKvLoraRank + col);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          *reinterpret_cast<__nv_bfloat162*>(out + 8 * i) = __floats2bfloat162_rn(o[v][4 * i + 2 * hh] * f, o[v][4 * i + 2 * hh + 1] * f);
-        }
-      } else {
-        const int64_t row = work.partial_row0 + h;
-        float* out = p.partial_out + row * kKvLoraRank + col;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          *reinterpret_cast<float2*>(out + 8 * i) = make_float2(o[v][4 * i + 2 * hh] * f, o[v][4 * i + 2 * hh + 1] * f);
-        }
-      }
-    }
-    if (lse_writer) {
-      if (whole) p.lse[(int64_t(b) * p.h_q + h) * p.s_q + s] = lse;
-      else p.partial_lse[work.partial_row0 + h] = lse;
-    }
-  }
+  // ---- epilogue: O times R_vt, normalised, sink, to out / partials ----------------------------
+  m64::store_rows(p, whole, bs, b, s, work.partial_row0, h0, r_lo, wg, qd, m_run, l_run, o, v_ref);
 #endif
 }
 

@@ -1,13 +1,18 @@
-// DeepSeek-V4 sparse decode, first step: the rows both pools' index lists select, dequantised to
-// bf16 and widened to the V3 latent layout, so that the V3 sparse decode computes the attention.
-// A V4 head is 512 wide and its value is the whole row: with each gathered row written as [row | 64
-// zeros] and q as [q | 64 zeros], the V3 kernels' scores (576 dims) are the V4 scores and their value
-// (the first 512 dims) is the V4 value.
+// DeepSeek-V4 sparse decode, two paths (csrc/sparse/README.md, "DeepSeek-V4"):
+// - fused (sm90, fp8_ds_mla pools, more than 32 heads): one kernel reads both pools' selected rows
+//   once, dequantises them in shared memory and runs the attention on wgmma
+//   (sm90/sparse_decode_sm90_v4.cu);
+// - gather (every other case): the selected rows dequantised to bf16 and widened to the V3 latent
+//   layout, then the V3 sparse decode. A V4 head is 512 wide and its value is the whole row: with
+//   each gathered row written as [row | 64 zeros] and q as [q | 64 zeros], the V3 kernels' scores
+//   (576 dims) are the V4 scores and their value (the first 512 dims) is the V4 value.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "sparse/sparse_decode.h"
 
 namespace mla {
 
@@ -38,5 +43,20 @@ struct V4GatherParams {
 
 // One launch; rows of invalid entries are not written (never read: their index is -1).
 void run_v4_gather(const V4GatherParams& params);
+
+// The fused kernel's parameters: `sparse` holds what the V3 decode's plan and combine use (q is the
+// 512-wide V4 q; out, lse, attn_sink, shapes, softmax scale, the split plan and its partials; topk =
+// 64 x the tiles of both lists, main and extra each rounded up to 64-key tiles, which is what
+// plan_sparse_decode splits), `pool` the two caches (fp8_ds_mla pages, 16-byte aligned bases).
+struct V4FusedParams {
+  SparseDecodeParams sparse;
+  V4Pool pool[2];
+};
+
+// Whether this device runs the fused kernel for h_q heads of fp8_ds_mla pools (sm90a, not forced
+// portable, more than 32 heads: smaller head counts keep their own tiles on the gather path).
+bool v4_fused_supported(int device, int h_q);
+// Launches the fused kernel and, for a split plan (plan_sparse_decode ran on p.sparse), the combine.
+void run_sparse_decode_v4_fused(const V4FusedParams& params, int device);
 
 }  // namespace mla
