@@ -121,6 +121,40 @@ __device__ __forceinline__ float ue8m0_to_float(uint32_t byte) {
   return byte == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(byte << 23);
 }
 
+// A UE8M0 scale byte s as the factor of x8_to_bf16x8_scaled: 2^(s - 15) in both bf16 halves (e4m3
+// in fp16, shifted into bf16, is 2^-112 times its value; 2^(s - 127) 2^112 = 2^(s - 15)); 0xFF NaN.
+// Exact for s <= 142 (scales up to 2^15): larger ones take ue8m0_split_factors.
+__device__ __forceinline__ uint32_t ue8m0_to_bf16x2_factor(uint32_t s) {
+  const uint32_t h = s == 0xFFu ? 0x7fc0u : (s + 112u) << 7;
+  return h | (h << 16);
+}
+// s in 143 .. 254: 2^(s - 15) as 2^127 times 2^(s - 142), each a normal bf16 (the first product
+// stays below 448 2^15, the second rounds and overflows as the fp32 product would).
+__device__ __forceinline__ void ue8m0_split_factors(uint32_t s, uint32_t& f1, uint32_t& f2) {
+  f1 = 0x7f007f00u;
+  const uint32_t h = (s - 15u) << 7;
+  f2 = h | (h << 16);
+}
+
+// Eight e4m3 bytes (w.x: elements 0-3) -> eight bf16 times 2^(s - 127) (element 0 in the low half
+// of .x), from the factor(s) above: cvt to fp16x2, the fp16 bits shifted into bf16 (exact: an e4m3
+// value has 3 mantissa bits and an fp16 exponent of at most 15 + 8), one bf16 multiply (two with
+// kSplit). 5 instructions per pair where the fp32 route takes 6, all on full-rate pipes but the cvt.
+template <bool kSplit>
+__device__ __forceinline__ uint4 x8_to_bf16x8_scaled(uint2 w, uint32_t f1, uint32_t f2) {
+  uint32_t h[4], r[4];
+  x4_to_f16x2x2(w.x, h[0], h[1]);
+  x4_to_f16x2x2(w.y, h[2], h[3]);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t b = ((h[i] & 0x7fff7fffu) >> 3) | (h[i] & 0x80008000u);
+    __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&b), *reinterpret_cast<const __nv_bfloat162*>(&f1));
+    if constexpr (kSplit) v = __hmul2(v, *reinterpret_cast<const __nv_bfloat162*>(&f2));
+    r[i] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
 // Eight e4m3 bytes (w.x: elements 0-3) times a V4 scale -> eight bf16 (uint4, element 0 in the low
 // half of .x). e4m3 -> fp16 -> fp32 is exact, and so are the product and its bf16 rounding for
 // every power-of-two scale a writer makes (4 significant bits, fp32's exponent range).

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "common/fast_divmod.h"
 #include "sparse/sparse_decode.h"
 
 namespace mla {
@@ -51,6 +52,7 @@ void run_v4_gather(const V4GatherParams& params);
 struct V4FusedParams {
   SparseDecodeParams sparse;
   V4Pool pool[2];
+  FastDivmod block_div[2];  // the pools' block_size (set by run_sparse_decode_v4_fused)
 };
 
 // Whether this device runs the fused kernel for h_q heads of fp8_ds_mla pools (sm90a, not forced

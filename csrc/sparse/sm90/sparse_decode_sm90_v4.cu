@@ -7,28 +7,32 @@
 // its slot is inside its cache.
 //
 // Grid and plan as the V3 kernels (plan_sparse_decode, split combine): one CTA = one query token, 64
-// heads, one split of its tiles; 256 threads = two warpgroups. A token's tiles are the main list's
-// counted entries in 64-key tiles, then the extra list's (a tile never mixes the pools). Per tile:
+// heads, one split of its 64-key tiles (the main list's, then the extra list's); 256 threads = two
+// warpgroups, all of them doing every role. The CTA runs its keys in steps of 32 (a step never mixes
+// the pools) through two K tiles, so that the conversion of step j + 1 runs under the P V MMAs of
+// step j:
 //
-//   gather    lanes 0-7 of every warp: one cp.async.bulk of the row's 576-byte data part (an
-//             mbarrier counts 64 arrivals and the bytes) and an 8-byte cp.async of its UE8M0 scales;
-//             invalid rows zero-filled by their thread. Issued once the tile before has its S MMAs
-//             committed, so the copies run under them.
-//   dequant   all threads: e4m3 x 2^(scale - 127) -> bf16 (exact) and the bf16 RoPE dims into one
-//             [64 keys][512 dims] K tile, 8 blocks of [64][64] in the 128-byte swizzle.
-//   S = Q K^T warpgroup g takes dims 256 g .. + 255 (16 wgmma m64n64k16, both operands in shared
-//             memory); the two partial S meet through shared memory, so both warpgroups hold the
-//             full S and run the same softmax (a row's 64 keys sit in one quad of lanes).
-//   O += P V  warpgroup g owns output dims 256 g .. + 255 (2 x 64 fp32 per thread); A = P in bf16
-//             from the softmax registers, B = the K tile read MN-major (the value is the key row).
+//   S_j = Q K_j^T      warpgroup g takes dims 256 g .. + 255 (16 wgmma m64n32k16, Q and K from shared
+//                      memory); the partial S meet through shared memory (m64_tile.cuh), both
+//                      warpgroups run the same online softmax.
+//   O += P_j V_j       issued, not waited for: warpgroup g owns output dims 256 g .. + 255 (2 x 2
+//                      wgmma m64n128k16, P in bf16 from registers, V = the K tile read MN-major).
+//   dequant j + 1      8 threads per key row: e4m3 -> fp16 (cvt) -> bf16 bits times 2^(scale - 15)
+//                      (exact) and the bf16 RoPE dims, from staging buffer (j + 1) % 2 into K tile
+//                      (j + 1) % 2; invalid rows written as zeros (P = 0 times V must be 0).
+//   gather j + 3       thread 8 r of row r (4 per warp): one cp.async.bulk of the token's 576-byte data
+//                      part into the staging buffer just freed (mbarrier: 32 arrivals and the bytes),
+//                      one 8-byte cp.async of its scales; its slot for the next step read ahead.
+//   wait P V, barrier
 //
-// The structure is that of the V3 fp8_ds_mla kernel (sparse_decode_sm90_fp8.cu), with its wgmma
-// wrappers (common/sm90/wgmma.cuh) and its S exchange, softmax and epilogue (m64_tile.cuh). V4
-// needs no scale accumulators: a scale is a power of two per 64 dims, so the dequantised tile is
-// exact in bf16 and S and P V run on it as on a bf16 cache.
+// The structure, wgmma wrappers (common/sm90/wgmma.cuh), S exchange, softmax and epilogue are those of
+// the V3 fp8_ds_mla kernel (sparse_decode_sm90_fp8.cu). V4 needs no scale accumulators: a scale is a
+// power of two per 64 dims, so the dequantised tile is exact in bf16 and S and P V run on it as on a
+// bf16 cache.
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "common/arch.h"
 #include "common/cuda_check.h"
@@ -48,34 +52,32 @@ namespace v4_fused {
 
 struct V4Config {
   static constexpr int kM = 64;         // heads per CTA
-  static constexpr int kN = 64;         // keys per tile
+  static constexpr int kStep = 32;      // keys per step
   static constexpr int kThreads = 256;  // 2 warpgroups
-  static constexpr int kBlockBytes = 64 * 128;             // [64 rows][64 dims] bf16, one swizzle block
-  static constexpr int kTileBytes = 8 * kBlockBytes;       // 512 dims
-  static constexpr int kRawBytes = kN * kV4DataBytes;      // one staging tile of 576-byte data parts
-  static constexpr int kScaleBytes = kN * 8;               // their scale parts (7 UE8M0 and a pad byte)
-  static constexpr int kRedBytes = 2 * 32 * 128 * 4;       // partial S: [warpgroup][32 values][128 threads] fp32
+  static constexpr int kRowThreads = kThreads / kStep;  // threads per key row in the dequantisation: 8
+  static constexpr int kQBlockBytes = kM * 128;          // [64 heads][64 dims] bf16, one swizzle block
+  static constexpr int kKBlockBytes = kStep * 128;       // [32 keys][64 dims]
+  static constexpr int kQBytes = 8 * kQBlockBytes;       // 512 dims
+  static constexpr int kKBytes = 8 * kKBlockBytes;
+  static constexpr int kRawBytes = kStep * kV4DataBytes;  // a staging buffer of 576-byte data parts
+  static constexpr int kScaleBytes = kStep * 8;           // their scale parts (7 UE8M0 and a pad byte)
+  static constexpr int kRedBytes = 2 * 4 * 128 * 16;      // partial S: [warpgroup][4 float4][128 threads]
   static constexpr int kOffQ = 0;
-  static constexpr int kOffK = kOffQ + kTileBytes;
-  static constexpr int kOffRaw = kOffK + kTileBytes;
-  static constexpr int kOffScale = kOffRaw + kRawBytes;
-  static constexpr int kOffRed = kOffScale + kScaleBytes;
-  static constexpr int kOffValid = kOffRed + kRedBytes;    // [2][64] int: tiles alternate (gather of t + 1 during t)
-  static constexpr int kOffBar = kOffValid + 2 * kN * 4;   // mbarrier of the staging tile
+  static constexpr int kKTiles = 2;                       // step k's K tile: k % 2
+  static constexpr int kOffK = kOffQ + kQBytes;
+  static constexpr int kOffRaw = kOffK + kKTiles * kKBytes;  // 2 staging buffers: step k's at k % 2
+  static constexpr int kOffScale = kOffRaw + 2 * kRawBytes;
+  static constexpr int kOffRed = kOffScale + 2 * kScaleBytes;
+  static constexpr int kOffValid = kOffRed + kRedBytes;   // [4][32] int: step k's at k % 4 (written 3 steps ahead)
+  static constexpr int kOffBar = kOffValid + 4 * kStep * 4;  // 2 mbarriers, one per staging buffer
   // + 1 KiB so that the base can be rounded up to the 1024 bytes the swizzle atoms need
-  static constexpr int kSmemBytes = kOffBar + 8 + 1024;
-  static_assert(kOffK % 1024 == 0 && kOffRaw % 16 == 0 && kOffScale % 16 == 0 && kOffRed % 16 == 0 && kOffBar % 8 == 0,
+  static constexpr int kSmemBytes = kOffBar + 16 + 1024;
+  static_assert(kOffK % 1024 == 0 && kKBytes % 1024 == 0 && kOffRaw % 16 == 0 && kOffScale % 16 == 0 &&
+                    kOffRed % 16 == 0 && kOffBar % 8 == 0,
                 "alignment");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of sm90");
-  static constexpr int kNopeChunks = kV4NopeDim / 8;                 // 16-byte chunks (8 bf16 dims) of NoPE: 56
-  static constexpr int kRopeChunks = (kV4HeadDim - kV4NopeDim) / 8;  // and of RoPE: 8
-
-  // Byte offset of 16-byte chunk c (8 dims, 0..63) of row r in the Q or K tile: block c / 8, row r
-  // of 128 bytes, chunk c % 8 XOR-swizzled by r % 8 (the wgmma descriptors' 128-byte swizzle on
-  // 1024-byte aligned blocks).
-  __device__ __forceinline__ static uint32_t sw128_off(int r, int c) {
-    return static_cast<uint32_t>((c / 8) * kBlockBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16));
-  }
+  static_assert(kRowThreads == 8 && kV4NopeDim == 28 * 16 && kV4HeadDim - kV4NopeDim == 64,
+                "dequantisation: 8 threads per row, 28 chunks of 16 NoPE dims, 8 of RoPE bytes");
 };
 
 }  // namespace v4_fused
@@ -86,17 +88,17 @@ __global__ void __launch_bounds__(V4Config::kThreads, 1)
     sparse_decode_sm90_v4_kernel(const __grid_constant__ V4FusedParams fp) {
 #if MLA_SM90A
   using Cfg = V4Config;
-  constexpr int kN = Cfg::kN;
+  constexpr int kStep = Cfg::kStep;
   const SparseDecodeParams& p = fp.sparse;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = sm90::align_to_swizzle_atom(smem_raw);
   uint8_t* s_q = smem + Cfg::kOffQ;
-  uint8_t* s_k = smem + Cfg::kOffK;
-  uint8_t* s_raw = smem + Cfg::kOffRaw;
-  uint8_t* s_scale = smem + Cfg::kOffScale;
   float* s_red = reinterpret_cast<float*>(smem + Cfg::kOffRed);
   int* s_valid = reinterpret_cast<int*>(smem + Cfg::kOffValid);
-  const uint32_t bar = sm80::smem_addr(smem + Cfg::kOffBar);
+  const uint32_t bar0 = sm80::smem_addr(smem + Cfg::kOffBar);
+  auto k_tile = [&](int buf) { return smem + Cfg::kOffK + buf * Cfg::kKBytes; };
+  auto raw_buf = [&](int buf) { return smem + Cfg::kOffRaw + buf * Cfg::kRawBytes; };
+  auto scale_buf = [&](int buf) { return smem + Cfg::kOffScale + buf * Cfg::kScaleBytes; };
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   // warpgroup (through a shuffle, so that the compiler knows it is warp-uniform and keeps the
@@ -108,7 +110,7 @@ __global__ void __launch_bounds__(V4Config::kThreads, 1)
   pdl_wait_prerequisites();
   pdl_launch_dependents();
 
-  // ---- this CTA's work: query token, split, tiles (as cta_work, over both lists) ---------------
+  // ---- this CTA's work: query token, split, and its keys of both lists ------------------------
   const int z = blockIdx.z;
   const bool whole = p.num_splits == 1 || z < p.split_from;
   int bs, split = 0;
@@ -121,22 +123,131 @@ __global__ void __launch_bounds__(V4Config::kThreads, 1)
     partial_row0 = (int64_t(split) * (p.batch * p.s_q - p.split_from) + (bs - p.split_from)) * p.h_q;
   }
   const int b = bs / p.s_q, s = bs % p.s_q;
-  int num_keys[2];        // counted entries of each list
-  const int32_t* idx_row[2];
-#pragma unroll
-  for (int sel = 0; sel < 2; ++sel) {
-    const V4Pool& pool = fp.pool[sel];
+  // Counted entries of each list; the plan splits both lists' 64-key tiles (main first).
+  auto counted = [&](const V4Pool& pool) {
     int n = pool.topk;
     if (n > 0 && pool.lengths != nullptr) n = min(n, max(pool.lengths[b], 0));
-    num_keys[sel] = n;
-    idx_row[sel] = n > 0 ? pool.indices + b * pool.stride_indices_b + s * pool.stride_indices_s : nullptr;
-  }
-  const int main_tiles = (num_keys[0] + kN - 1) / kN;
-  const int total_tiles = main_tiles + (num_keys[1] + kN - 1) / kN;
+    return n;
+  };
+  const int n_main = counted(fp.pool[0]), n_extra = counted(fp.pool[1]);
+  const int main_tiles = (n_main + 63) / 64;
+  const int total_tiles = main_tiles + (n_extra + 63) / 64;
   const int tile_begin = whole ? 0 : split * p.tiles_per_split;
-  const int num_tiles = whole ? total_tiles : max(0, min(total_tiles, tile_begin + p.tiles_per_split) - tile_begin);
+  const int tile_end = whole ? total_tiles : min(total_tiles, tile_begin + p.tiles_per_split);
+  // Keys [key0, key_end) of each list, and their steps: those of the main list first.
+  const int key0_main = 64 * min(tile_begin, main_tiles), end_main = min(n_main, 64 * min(tile_end, main_tiles));
+  const int key0_extra = 64 * max(tile_begin - main_tiles, 0), end_extra = min(n_extra, 64 * max(tile_end - main_tiles, 0));
+  const int steps_main = max(end_main - key0_main, 0) / kStep + (max(end_main - key0_main, 0) % kStep != 0);
+  const int steps_extra = max(end_extra - key0_extra, 0) / kStep + (max(end_extra - key0_extra, 0) % kStep != 0);
+  const int num_steps = steps_main + steps_extra;
 
-  // ---- loaders ------------------------------------------------------------------------------
+  // ---- gather: thread 8 r issues row r of a step ---------------------------------------------
+  const int row = tid / Cfg::kRowThreads, rq = tid % Cfg::kRowThreads;  // dequantisation: row, part
+  const bool row_lane = rq == 0;
+  const int32_t* idx_main = n_main > 0 ? fp.pool[0].indices + b * fp.pool[0].stride_indices_b + s * fp.pool[0].stride_indices_s : nullptr;
+  const int32_t* idx_extra = n_extra > 0 ? fp.pool[1].indices + b * fp.pool[1].stride_indices_b + s * fp.pool[1].stride_indices_s : nullptr;
+  // Step k's list (0 main, 1 extra) and this row's key in it; the key counts when below `end`.
+  auto step_key = [&](int k, bool& extra, int& end) {
+    extra = k >= steps_main;
+    end = extra ? end_extra : end_main;
+    return (extra ? key0_extra + kStep * (k - steps_main) : key0_main + kStep * k) + row;
+  };
+  auto fetch_slot = [&](int k) {
+    if (k >= num_steps) return int32_t(-1);
+    bool extra;
+    int end;
+    const int key = step_key(k, extra, end);
+    return sparse::fetch_slot_ahead(extra ? idx_extra : idx_main, key, end);
+  };
+  int32_t next_slot = row_lane ? fetch_slot(0) : -1;
+  // Step k into staging buffer k % 2 (k < num_steps; in order k = 0, 1, 2, ...): its validity to
+  // s_valid[k % 4], the data part by a bulk copy, the scale part by cp.async (the caller commits).
+  auto gather = [&](int k) {
+    if (!row_lane) return;
+    const int buf = k & 1;
+    const uint32_t bar = bar0 + 8 * buf;
+    bool extra;
+    int end;
+    const int key = step_key(k, extra, end);
+    const int32_t slot = next_slot;
+    const int64_t num_slots = extra ? fp.pool[1].num_slots : fp.pool[0].num_slots;
+    const bool ok = key < end && slot >= 0 && slot < num_slots;
+    s_valid[(k & 3) * kStep + row] = ok;
+    if (ok) {
+      // Pages are block_size rows of 576 bytes, then block_size scale parts of 8 bytes.
+      FastDivmod div = fp.block_div[0];  // (a select, not an indexed parameter read)
+      if (extra) div = fp.block_div[1];
+      const int page = div.div(slot), page_row = div.mod(slot, page);
+      const uint8_t* base = static_cast<const uint8_t*>(extra ? fp.pool[1].cache : fp.pool[0].cache) +
+                            int64_t(page) * (extra ? fp.pool[1].stride_block_bytes : fp.pool[0].stride_block_bytes);
+      mbar_arrive_expect_tx(bar, kV4DataBytes);
+      bulk_load(sm80::smem_addr(raw_buf(buf) + row * kV4DataBytes), base + page_row * kV4DataBytes, kV4DataBytes, bar);
+      sm80::cp_async_ca<8>(sm80::smem_addr(scale_buf(buf) + row * 8), base + div.divisor * kV4DataBytes + page_row * 8);
+    } else {
+      mbar_arrive(bar);
+    }
+    next_slot = fetch_slot(k + 1);
+  };
+
+  // ---- dequantisation: staging buffer k % 2 -> K tile k % 2 ------------------------------------
+  // Thread (row, rq) converts the 16-dim chunks rq, rq + 8, rq + 16 (and rq + 24 for rq < 4; the
+  // others copy RoPE bytes 32 (rq - 4) .. + 31): chunk c is NoPE dims 16 c .. + 15 of scale tile
+  // c / 4, i.e. 16-byte units 2 (c % 4), + 1 of swizzle block c / 4. Threads rq >= 4 convert and
+  // store their two halves in the other order, so that a quarter warp (one row) writes the 8
+  // distinct 16-byte positions of a 128-byte line at once. An invalid row converts with factor 0
+  // (the shifted bits are never inf or NaN) and copies zeros.
+  const int r8 = row % 8, flip = rq / 4;
+  auto dequant = [&](int k) {
+    const bool ok = s_valid[(k & 3) * kStep + row] != 0;
+    const uint8_t* src = raw_buf(k & 1) + row * kV4DataBytes;
+    uint8_t* dst = k_tile(k % Cfg::kKTiles) + row * 128;
+    const uint2 scales = *reinterpret_cast<const uint2*>(scale_buf(k & 1) + row * 8);
+    auto scale_byte = [&](int t) { return (t < 4 ? scales.x >> (8 * t) : scales.y >> (8 * (t - 4))) & 0xFFu; };
+    // Scales above 2^15 (bytes 143 .. 254) need two bf16 multiplies; rare, so a warp takes that
+    // path only when one of its rows has one.
+    bool split_scale = false;
+#pragma unroll
+    for (int t = 0; t < 7; ++t) split_scale |= scale_byte(t) >= 143u && scale_byte(t) != 0xFFu;
+    auto convert = [&](auto split_tag) {
+      constexpr bool kSplit = decltype(split_tag)::value;
+      auto chunk = [&](int c) {
+        const int t = c / 4, u = 2 * (c % 4);  // scale tile (= swizzle block), first 16-byte unit
+        uint32_t f1, f2 = 0;
+        if constexpr (kSplit) {
+          const uint32_t sb = scale_byte(t);
+          if (sb >= 143u && sb != 0xFFu) e4m3::ue8m0_split_factors(sb, f1, f2);
+          else f1 = e4m3::ue8m0_to_bf16x2_factor(sb), f2 = 0x3f803f80u;  // 1.0
+        } else {
+          f1 = e4m3::ue8m0_to_bf16x2_factor(scale_byte(t));
+        }
+        if (!ok) f1 = 0u;
+        // halves in the order of this thread's stores: flip = 1 takes the second half first
+        const uint2 w0 = *reinterpret_cast<const uint2*>(src + 16 * c + 8 * flip);
+        const uint2 w1 = *reinterpret_cast<const uint2*>(src + 16 * c + 8 * (1 - flip));
+        const uint4 v0 = e4m3::x8_to_bf16x8_scaled<kSplit>(w0, f1, f2), v1 = e4m3::x8_to_bf16x8_scaled<kSplit>(w1, f1, f2);
+        uint8_t* blk = dst + t * Cfg::kKBlockBytes;
+        *reinterpret_cast<uint4*>(blk + (((u + flip) ^ r8) * 16)) = v0;
+        *reinterpret_cast<uint4*>(blk + (((u + 1 - flip) ^ r8) * 16)) = v1;
+      };
+#pragma unroll
+      for (int i = 0; i < 3; ++i) chunk(rq + 8 * i);
+      if (rq < 4) {
+        chunk(rq + 24);
+      } else {
+        // RoPE: bf16 bytes 448 + 32 (rq - 4) .. + 31 = 16-byte units 2 (rq - 4), + 1 of block 7.
+        const int u = 2 * (rq - 4);
+        uint4 v0 = *reinterpret_cast<const uint4*>(src + kV4NopeDim + 16 * u);
+        uint4 v1 = *reinterpret_cast<const uint4*>(src + kV4NopeDim + 16 * (u + 1));
+        if (!ok) v0 = v1 = make_uint4(0u, 0u, 0u, 0u);
+        uint8_t* blk = dst + 7 * Cfg::kKBlockBytes;
+        *reinterpret_cast<uint4*>(blk + ((u ^ r8) * 16)) = v0;
+        *reinterpret_cast<uint4*>(blk + (((u + 1) ^ r8) * 16)) = v1;
+      }
+    };
+    if (__any_sync(0xffffffffu, ok && split_scale)) convert(std::true_type{});
+    else convert(std::false_type{});
+  };
+
   // Q: 64 heads x 64 chunks by cp.async; heads past h_q zero-filled (their rows are never written).
   auto load_q = [&]() {
     const auto* q = static_cast<const __nv_bfloat16*>(p.q) + b * p.stride_q_b + s * p.stride_q_s;
@@ -144,64 +255,10 @@ __global__ void __launch_bounds__(V4Config::kThreads, 1)
       const int r = i / 64, c = i % 64;
       const bool ok = h0 + r < p.h_q;
       const void* src = ok ? static_cast<const void*>(q + (h0 + r) * p.stride_q_h + 8 * c) : p.q;
-      sm80::cp_async16(sm80::smem_addr(s_q + Cfg::sw128_off(r, c)), src, ok);
+      // chunk c of head r: block c / 8, row r, 16-byte unit c % 8 swizzled by r % 8
+      sm80::cp_async16(sm80::smem_addr(s_q + (c / 8) * Cfg::kQBlockBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16)), src, ok);
     }
   };
-  // Row gather: lane l < 8 of warp w copies row 8 w + l (a warp issues its bulk copies one lane after
-  // the other). Each lane's slot of the next tile is fetched after its copies (fetch_slot_ahead).
-  constexpr int kBulkLanes = kN / (Cfg::kThreads / 32);
-  const bool bulk_lane = lane < kBulkLanes;
-  const int load_row = kBulkLanes * warp + lane;
-  int next_pool = 0;
-  auto fetch_slot = [&](int tile) {
-    next_pool = tile >= main_tiles;
-    const int key = (tile - (next_pool ? main_tiles : 0)) * kN + load_row;
-    return sparse::fetch_slot_ahead(idx_row[next_pool], key, num_keys[next_pool]);
-  };
-  int32_t next_slot = bulk_lane ? fetch_slot(tile_begin) : -1;
-  auto load_tile = [&](int tile, int valid_slot) {
-    if (bulk_lane) {
-      const V4Pool& pool = fp.pool[next_pool];
-      const int32_t slot = next_slot;
-      const bool ok = slot >= 0 && slot < pool.num_slots;
-      s_valid[valid_slot * kN + load_row] = ok;
-      uint8_t* dst = s_raw + load_row * kV4DataBytes;
-      uint8_t* dst_scale = s_scale + load_row * 8;
-      if (ok) {
-        // Pages are block_size rows of 576 bytes, then block_size scale parts of 8 bytes.
-        const int64_t page = slot / pool.block_size, row = slot % pool.block_size;
-        const uint8_t* base = static_cast<const uint8_t*>(pool.cache) + page * pool.stride_block_bytes;
-        mbar_arrive_expect_tx(bar, kV4DataBytes);
-        bulk_load(sm80::smem_addr(dst), base + row * kV4DataBytes, kV4DataBytes, bar);
-        sm80::cp_async_ca<8>(sm80::smem_addr(dst_scale), base + pool.block_size * kV4DataBytes + row * 8);
-      } else {
-        // Zeros: the dequantised row must stay finite (P = 0 times V must be 0).
-#pragma unroll 1
-        for (int c = 0; c < kV4DataBytes / 16; ++c) reinterpret_cast<uint4*>(dst)[c] = make_uint4(0u, 0u, 0u, 0u);
-        *reinterpret_cast<uint2*>(dst_scale) = make_uint2(0u, 0u);
-        mbar_arrive(bar);
-      }
-      sm80::cp_async_commit();
-      next_slot = fetch_slot(tile + 1);
-    }
-  };
-  // Staging -> K tile: 64 rows x 56 NoPE chunks (14 per thread), then the RoPE dims as they are.
-  auto dequant_tile = [&]() {
-#pragma unroll 2
-    for (int i = 0; i < kN * Cfg::kNopeChunks / Cfg::kThreads; ++i) {
-      const int j = tid + Cfg::kThreads * i, r = j / Cfg::kNopeChunks, c = j % Cfg::kNopeChunks;
-      const uint2 w = *reinterpret_cast<const uint2*>(s_raw + r * kV4DataBytes + 8 * c);
-      const float scale = e4m3::ue8m0_to_float(s_scale[r * 8 + c / 8]);
-      *reinterpret_cast<uint4*>(s_k + Cfg::sw128_off(r, c)) = e4m3::x8_scaled_to_bf16x8(w, scale);
-    }
-#pragma unroll
-    for (int i = 0; i < kN * Cfg::kRopeChunks / Cfg::kThreads; ++i) {
-      const int j = tid + Cfg::kThreads * i, r = j / Cfg::kRopeChunks, c = j % Cfg::kRopeChunks;
-      *reinterpret_cast<uint4*>(s_k + Cfg::sw128_off(r, Cfg::kNopeChunks + c)) =
-          *reinterpret_cast<const uint4*>(s_raw + r * kV4DataBytes + kV4NopeDim + 16 * c);
-    }
-  };
-  static_assert(kN * Cfg::kNopeChunks % Cfg::kThreads == 0 && kN * Cfg::kRopeChunks % Cfg::kThreads == 0, "dequant: equal shares");
 
   // ---- per-thread state --------------------------------------------------------------------
   // Accumulator layout (m64nN, both S and O): element 4 i + e of a thread is row
@@ -217,34 +274,71 @@ __global__ void __launch_bounds__(V4Config::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[v][i] = 0.f;
 
-  // Descriptor bases: Q and K K-major; V = the K tile as an MN-major operand (64-dim blocks 8 KiB
+  // Descriptor bases: Q and K K-major; V = the K tile as an MN-major operand (64-dim blocks 4 KiB
   // apart, 8-key groups 1 KiB apart).
-  const sm90::SmemDesc q_desc = sm90::kmajor_sw128(sm80::smem_addr(s_q)), k_desc = sm90::kmajor_sw128(sm80::smem_addr(s_k));
-  const sm90::SmemDesc v_desc = sm90::mnmajor_sw128(sm80::smem_addr(s_k), Cfg::kBlockBytes, 1024);
+  const sm90::SmemDesc q_desc = sm90::kmajor_sw128(sm80::smem_addr(s_q));
+  const sm90::SmemDesc k_desc = sm90::kmajor_sw128(sm80::smem_addr(k_tile(0)));
+  const sm90::SmemDesc v_desc = sm90::mnmajor_sw128(sm80::smem_addr(k_tile(0)), Cfg::kKBlockBytes, 1024);
 
-  // One 64-key tile (K tile and validity slot `vs` ready; all threads). issue_next() runs once the
-  // S MMAs are committed: the next tile's copies go out while they run.
-  auto compute_tile = [&](int vs, auto&& issue_next) {
-    float sc[32];
-    const sm90::SmemDesc qg = q_desc.plus(4 * wg * Cfg::kBlockBytes), kg = k_desc.plus(4 * wg * Cfg::kBlockBytes);
-    sm90::wgmma_fence();
+  // ---- prologue: Q, steps 0-2 gathered, step 0 converted ---------------------------------------
+  if (tid == 0) {
+    mbar_init(bar0, kStep);
+    mbar_init(bar0 + 8, kStep);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  // cp.async groups (every thread commits the same sequence, empty or not): Q, then one per gather
+  // slot, so that "step k's scales landed" is always cp_async_wait<1> (step k + 1's may be pending).
+  if (num_steps > 0) load_q();
+  sm80::cp_async_commit();
 #pragma unroll
-    for (int st = 0; st < 16; ++st) {
-      const uint32_t off = (st / 4) * Cfg::kBlockBytes + 32 * (st % 4);
-      sm90::wgmma_m64n64k16_bf16(sc, qg.at(off), kg.at(off), st > 0);
+  for (int k = 0; k < 2; ++k) {
+    if (k < num_steps) gather(k);
+    sm80::cp_async_commit();
+  }
+  // Step k (< num_steps) from its staging buffer into K tile k % 2 (the tile free), then step
+  // k + 2 into the staging buffer that frees.
+  auto convert_step = [&](int k) {
+    sm80::cp_async_wait<1>();  // step k's scales (this thread's); before step 0 also Q
+    mbar_wait(bar0 + 8 * (k & 1), (k >> 1) & 1);
+    __syncwarp();  // a row's scales, copied by its first thread, to the row's 8 threads
+    dequant(k);
+    fence_proxy_async_smem();  // K (and Q) generic stores -> wgmma; staging reads -> bulk copies
+    __syncwarp();              // a row is read by its own warp only: its buffer may be refilled
+    if (k + 2 < num_steps) gather(k + 2);
+    sm80::cp_async_commit();
+  };
+  if (num_steps > 0) {
+    convert_step(0);
+    __syncthreads();
+  }
+
+  // ---- main loop: one step of 32 keys --------------------------------------------------------
+  for (int j = 0; j < num_steps; ++j) {
+    const int kt = j % Cfg::kKTiles;
+    // S = Q K^T over this warpgroup's 256 dims
+    float sc[16];
+    {
+      const sm90::SmemDesc qg = q_desc.plus(4 * wg * Cfg::kQBlockBytes);
+      const sm90::SmemDesc kg = k_desc.plus(kt * Cfg::kKBytes + 4 * wg * Cfg::kKBlockBytes);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int st = 0; st < 16; ++st) {
+        const uint32_t within = 32 * (st % 4);
+        sm90::wgmma_m64n32k16_bf16(sc, qg.at((st / 4) * Cfg::kQBlockBytes + within), kg.at((st / 4) * Cfg::kKBlockBytes + within), st > 0);
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::fence_accumulators(sc);
     }
-    sm90::wgmma_commit();
-    issue_next();
-    sm90::wgmma_wait<0>();
-    sm90::fence_accumulators(sc);
     sparse::m64::sum_partial_s(sc, s_red, wg, tid_wg);
     float corr[2];
-    sparse::m64::online_softmax(sc, s_valid + vs * kN, qd, row_scale, m_run, l_run, corr);
-    // P in bf16 as the A fragments of 4 k-steps of 16 keys (the accumulator layout is the A
-    // fragment layout), O rescaled only when a row maximum moved, then 2 x 4 wgmma.
-    uint32_t pa[4][4];
+    sparse::m64::online_softmax(sc, s_valid + (j & 3) * kStep, qd, row_scale, m_run, l_run, corr);
+    // P in bf16 as the A fragments of 2 k-steps of 16 keys (the accumulator layout is the A
+    // fragment layout), O rescaled only when a row maximum moved, then 2 x 2 wgmma.
+    uint32_t pa[2][4];
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
+    for (int ks = 0; ks < 2; ++ks) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int i = 2 * ks + half;  // n8 tile of S = keys 8 i .. + 7
@@ -268,38 +362,17 @@ __global__ void __launch_bounds__(V4Config::kThreads, 1)
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
       // V: keys 16 ks .. + 15 (rows of the K tile), dims 128 vt .. + 127 = blocks 2 vt, 2 vt + 1.
-      const sm90::SmemDesc vv = v_desc.plus(2 * (2 * wg + v) * Cfg::kBlockBytes);
+      const sm90::SmemDesc vv = v_desc.plus(kt * Cfg::kKBytes + 2 * (2 * wg + v) * Cfg::kKBlockBytes);
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) sm90::wgmma_m64n128k16_rs_mn<true>(o[v], pa[ks], vv.at(ks * 16 * 128));
+      for (int ks = 0; ks < 2; ++ks) sm90::wgmma_m64n128k16_rs_mn<true>(o[v], pa[ks], vv.at(ks * 16 * 128));
     }
     sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();  // the K tile is rewritten after the next barrier
+    // Under the P V MMAs: step j + 1 into the other K tile (free: step j - 1's P V were waited for
+    // before the last barrier), then step j + 3 into the staging buffer that frees.
+    if (j + 1 < num_steps) convert_step(j + 1);
+    sm90::wgmma_wait<0>();
     sm90::fence_accumulators(o);
-  };
-
-  // ---- main loop ----------------------------------------------------------------------------
-  // One staging buffer: tile t + 1's rows are in flight while tile t computes.
-  if (tid == 0) {
-    mbar_init(bar, kN);
-    mbar_init_fence();
-  }
-  __syncthreads();
-  if (num_tiles > 0) {
-    load_q();
-    sm80::cp_async_commit();
-    load_tile(tile_begin, 0);
-  }
-  for (int t = 0; t < num_tiles; ++t) {
-    sm80::cp_async_wait<0>();  // this thread's scale parts (and, first, Q chunks)
-    mbar_wait(bar, t & 1);     // tile t's data parts (phase t of the barrier)
-    __syncthreads();           // staging holds tile t; everyone is done with K of tile t - 1
-    dequant_tile();
-    fence_proxy_async_smem();  // the generic stores of K (and cp.async's Q) -> wgmma's async proxy
-    __syncthreads();           // K holds tile t; staging is free
-    const bool load_next = t + 1 < num_tiles;
-    compute_tile(t & 1, [&] {
-      if (load_next) load_tile(tile_begin + t + 1, (t + 1) & 1);
-    });
+    __syncthreads();  // K tile j + 1 complete; both warpgroups done with K tile j and the partial S
   }
 
   // ---- epilogue: normalised, sink, to out / partials ------------------------------------------
@@ -322,10 +395,16 @@ void run_sparse_decode_v4_fused(const V4FusedParams& fp, int device) {
                  "a split plan needs partial_out and partial_lse");
   if (p.batch == 0 || p.s_q == 0 || p.h_q == 0) return;
   MLA_HOST_CHECK(int64_t(p.batch) * p.s_q <= 65535, "sparse decode supports b * s_q <= 65535 query tokens per call");
+  V4FusedParams params = fp;
+  for (int i = 0; i < 2; ++i) {
+    MLA_HOST_CHECK(fp.pool[i].topk == 0 || (fp.pool[i].block_size >= 1 && fp.pool[i].num_slots < (int64_t{1} << 31)),
+                   "cache pages of 1 .. 2^31 - 1 tokens");
+    params.block_div[i] = FastDivmod(static_cast<int32_t>(fp.pool[i].topk > 0 ? fp.pool[i].block_size : 1));
+  }
   auto kernel = sparse_decode_sm90_v4_kernel;
   opt_in_smem(reinterpret_cast<const void*>(kernel), V4Config::kSmemBytes, device);
   launch_dependent(kernel, dim3((p.h_q + V4Config::kM - 1) / V4Config::kM, 1, sparse_grid_z(p)), dim3(V4Config::kThreads),
-                   V4Config::kSmemBytes, p.stream, fp);
+                   V4Config::kSmemBytes, p.stream, params);
   if (p.num_splits > 1) run_sparse_combine(p, device_info(device).num_sms);
 }
 
