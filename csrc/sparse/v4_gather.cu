@@ -1,4 +1,4 @@
-// V4 sparse decode gather (v4_gather.h): one warp per gathered entry and per query row, lane l
+// V4 sparse decode gather (v4_decode.h): one warp per gathered entry and per query row, lane l
 // owning elements [16 l, 16 l + 16) of the 512: a 32-byte piece of a bf16 row, or (fp8_ds_mla,
 // lanes 0-27) 16 e4m3 bytes of the token's data part times the UE8M0 scale of its 64-dim tile
 // (exact in fp32 and in bf16 for every scale a writer makes; byte 0xFF: NaN), lanes 28-31 the bf16
