@@ -11,7 +11,8 @@ from ._validate import MlaInputError
 from .absorb import AbsorbWeights, prepare_absorb_weights, q_absorb, v_up
 from .cache import concat_and_cache_mla
 from .decode import DecodePlan, decode_mla, get_decode_plan
-from .sparse import sparse_compressed_indices, sparse_decode_mla, sparse_indices_to_slots
+from .sparse import compressed_slot_mapping, sparse_compressed_indices, sparse_decode_mla, sparse_indices_to_slots
+from .sparse import sparse_topk_to_slots
 from .v4 import concat_and_cache_mla_v4, sparse_decode_mla_v4
 from .formats import (
     DS_MLA_ROW_BYTES,
@@ -33,6 +34,7 @@ __all__ = [
     "LATENT_DIM",
     "ROPE_DIM",
     "MlaInputError",
+    "compressed_slot_mapping",
     "concat_and_cache_mla",
     "concat_and_cache_mla_v4",
     "DecodePlan",
@@ -44,4 +46,5 @@ __all__ = [
     "sparse_decode_mla",
     "sparse_decode_mla_v4",
     "sparse_indices_to_slots",
+    "sparse_topk_to_slots",
 ]

@@ -378,6 +378,55 @@ def sparse_indices_to_slots(local_indices: torch.Tensor, block_table: torch.Tens
     return slots.view(local_indices.shape).to(torch.int32)
 
 
+def sparse_topk_to_slots(
+    topk_indices: torch.Tensor, token_to_req: torch.Tensor, block_table: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A flat batch's top-k lists of compressed-cache positions -> global slots and lengths (what
+    DeepSeek-V4's C4A layers feed the decode as their second index list).
+
+    Token t's list ``topk_indices[t]`` holds positions in the compressed cache of request
+    ``token_to_req[t]`` (-1 = none); each becomes ``block_table[req, p // block_size] * block_size
+    + p % block_size`` (-1 as in :func:`sparse_indices_to_slots`). ``lengths[t]`` is one past the
+    last non-negative entry (the number of entries for the valid-first lists an indexer makes), 0
+    for a padding token (``token_to_req`` outside ``[0, num_requests)``, e.g. -1), whose row is all
+    -1 and which never reads the table. Returns ``slots int32 [T, topk]``, ``lengths int32 [T]``.
+    """
+    num_tokens, topk = topk_indices.shape
+    req = token_to_req.long()
+    is_request = (req >= 0) & (req < block_table.shape[0])
+    pos = topk_indices.long()
+    j = torch.arange(topk, device=pos.device).view(1, -1)
+    last = torch.where(pos >= 0, j + 1, torch.zeros_like(j)).amax(dim=1) if topk > 0 else req.new_zeros(num_tokens)
+    lengths = torch.where(is_request, last, torch.zeros_like(last))
+    slots = torch.full_like(pos, -1)
+    if block_table.shape[0] > 0:
+        rows = block_table[torch.where(is_request, req, torch.zeros_like(req))]  # [T, max_blocks]
+        slots = torch.where(is_request.view(-1, 1), _positions_to_slots(rows, pos, block_size), slots)
+    return slots.to(torch.int32), lengths.to(torch.int32)
+
+
+def compressed_slot_mapping(
+    positions: torch.Tensor, token_to_req: torch.Tensor, block_table: torch.Tensor, block_size: int, compress_ratio: int
+) -> torch.Tensor:
+    """Where each token's compressed row goes in a compressed cache (the cache write's slot_mapping).
+
+    The token at position p of request ``token_to_req[t]`` completes compressed entry ``c = p //
+    compress_ratio`` when ``(p + 1) % compress_ratio == 0``; that entry's slot is ``block_table[req,
+    c // block_size] * block_size + c % block_size``. Every other token, a padding token
+    (``token_to_req`` outside ``[0, num_requests)``) and an entry without a page get -1, which the
+    cache write skips. Returns int64 ``[T]``.
+    """
+    req = token_to_req.long()
+    is_request = (req >= 0) & (req < block_table.shape[0])
+    pos = positions.long()
+    completes = is_request & (pos >= 0) & ((pos + 1) % compress_ratio == 0)
+    entry = torch.where(completes, torch.div(pos, compress_ratio, rounding_mode="floor"), torch.full_like(pos, -1))
+    if block_table.shape[0] == 0:
+        return torch.full_like(pos, -1)
+    rows = block_table[torch.where(is_request, req, torch.zeros_like(req))]
+    return _positions_to_slots(rows, entry.view(-1, 1), block_size).view(-1)
+
+
 def sparse_compressed_indices(
     positions: torch.Tensor,
     token_to_req: torch.Tensor,

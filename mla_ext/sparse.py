@@ -13,6 +13,8 @@ from .formats import KV_LORA_RANK, LATENT_DIM, canonical_format
 _DECODE = "sparse_decode_mla"
 _SLOTS = "sparse_indices_to_slots"
 _COMPRESSED = "sparse_compressed_indices"
+_TOPK_SLOTS = "sparse_topk_to_slots"
+_COMPRESSED_SLOTS = "compressed_slot_mapping"
 MAX_S_Q = 16
 INT32_MAX = 2**31 - 1
 MAX_TOPK = INT32_MAX - 64  # the kernels hold topk in int and round it up to 64-key tiles
@@ -217,6 +219,15 @@ def _sparse_indices_to_slots_cpu(local_indices, block_table, block_size, slots):
     slots.copy_(reference.sparse_indices_to_slots(local_indices, block_table, block_size))
 
 
+def _check_token_to_req_and_table(token_to_req, num_tokens, block_table, op) -> None:
+    """The flat-batch builders' token_to_req [T] and block_table [num_requests, max_blocks] (int32)."""
+    check_index_dtype(token_to_req, "token_to_req", torch.int32, op)
+    check(token_to_req.shape == (num_tokens,), op, f"token_to_req must be [T] = [{num_tokens}], got {list(token_to_req.shape)}")
+    check_index_dtype(block_table, "block_table", torch.int32, op)
+    check(block_table.dim() == 2, op, f"block_table must be [num_requests, max_blocks], got {list(block_table.shape)}")
+    check_last_dim_contiguous(block_table, "block_table", op)
+
+
 def _validate_compressed(positions, token_to_req, block_table, block_size, compress_ratio, num_decode_tokens,
                          indices, lengths) -> None:
     check_same_device(_COMPRESSED, positions=positions, token_to_req=token_to_req, block_table=block_table,
@@ -224,12 +235,7 @@ def _validate_compressed(positions, token_to_req, block_table, block_size, compr
     check_index_dtype(positions, "positions", torch.int64, _COMPRESSED)
     check(positions.dim() == 1, _COMPRESSED, f"positions must be [T], got {list(positions.shape)}")
     num_tokens = positions.shape[0]
-    check_index_dtype(token_to_req, "token_to_req", torch.int32, _COMPRESSED)
-    check(token_to_req.shape == (num_tokens,), _COMPRESSED,
-          f"token_to_req must be [T] = [{num_tokens}], got {list(token_to_req.shape)}")
-    check_index_dtype(block_table, "block_table", torch.int32, _COMPRESSED)
-    check(block_table.dim() == 2, _COMPRESSED, f"block_table must be [num_requests, max_blocks], got {list(block_table.shape)}")
-    check_last_dim_contiguous(block_table, "block_table", _COMPRESSED)
+    _check_token_to_req_and_table(token_to_req, num_tokens, block_table, _COMPRESSED)
     _check_int32_param(block_size, "block_size", _COMPRESSED)
     _check_int32_param(compress_ratio, "compress_ratio", _COMPRESSED)
     check(isinstance(num_decode_tokens, int) and 0 <= num_decode_tokens <= num_tokens, _COMPRESSED,
@@ -289,3 +295,123 @@ def _sparse_compressed_indices_cpu(positions, token_to_req, block_table, block_s
         positions, token_to_req, block_table, block_size, compress_ratio, num_decode_tokens, indices.shape[1])
     indices.copy_(ref_indices)
     lengths.copy_(ref_lengths)
+
+
+def _validate_topk_to_slots(topk_indices, token_to_req, block_table, block_size, slots, lengths) -> None:
+    check_same_device(_TOPK_SLOTS, topk_indices=topk_indices, token_to_req=token_to_req, block_table=block_table,
+                      slots=slots, lengths=lengths)
+    _check_int32_param(block_size, "block_size", _TOPK_SLOTS)
+    check_index_dtype(topk_indices, "topk_indices", torch.int32, _TOPK_SLOTS)
+    check(topk_indices.dim() == 2, _TOPK_SLOTS, f"topk_indices must be [T, topk], got {list(topk_indices.shape)}")
+    num_tokens = topk_indices.shape[0]
+    _check_token_to_req_and_table(token_to_req, num_tokens, block_table, _TOPK_SLOTS)
+    check_dtype(slots, "slots", (torch.int32,), _TOPK_SLOTS)
+    check(slots.shape == topk_indices.shape and slots.is_contiguous(), _TOPK_SLOTS,
+          f"slots must be a contiguous int32 tensor of topk_indices' shape {list(topk_indices.shape)}, "
+          f"got {list(slots.shape)}")
+    check_dtype(lengths, "lengths", (torch.int32,), _TOPK_SLOTS)
+    check(lengths.shape == (num_tokens,) and lengths.is_contiguous(), _TOPK_SLOTS,
+          f"lengths must be a contiguous [T] = [{num_tokens}], got {list(lengths.shape)}")
+
+
+def sparse_topk_to_slots(
+    topk_indices: torch.Tensor,
+    token_to_req: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    slots: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A flat batch's top-k lists of compressed-cache positions -> global slots and lengths.
+
+    What DeepSeek-V4's C4A layers pass as :func:`sparse_decode_mla_v4`'s second list (vLLM's
+    ``compute_global_topk_indices_and_lens``): token t's entries are positions in the compressed
+    cache of request ``token_to_req[t]``, as the indexer returns them (-1 = none).
+
+    Parameters
+    ----------
+    topk_indices : Tensor ``[T, topk]`` int32
+    token_to_req : Tensor ``[T]`` int32
+        The block-table row of each token; outside ``[0, num_requests)`` (e.g. -1 for CUDA-graph
+        padding, ``token_to_req.masked_fill(~is_valid_token, -1)``) is a padding token: row -1,
+        length 0, the table is not read for it.
+    block_table : Tensor ``[num_requests, max_blocks]`` int32, pages of the compressed cache
+    block_size : int, its tokens per page
+    slots, lengths : Tensor ``[T, topk]`` / ``[T]`` int32, optional
+        Preallocated, contiguous results (CUDA-graph use); allocated when None.
+
+    Returns
+    -------
+    slots : ``block_table[req, p // block_size] * block_size + p % block_size``, or -1 for a
+        negative position, one past the table, on an unassigned page, or past int32.
+    lengths : one past the last non-negative entry of each list (for the valid-first lists an
+        indexer makes: their number of entries), 0 for a padding token.
+
+    On a GPU one kernel, no host sync: safe inside a captured CUDA graph.
+    """
+    if slots is None:
+        slots = torch.empty(topk_indices.shape, dtype=torch.int32, device=topk_indices.device)
+    if lengths is None:
+        lengths = torch.empty(topk_indices.shape[:1], dtype=torch.int32, device=topk_indices.device)
+    torch.ops.mla_ext.sparse_topk_to_slots.default(topk_indices, token_to_req, block_table, block_size, slots, lengths)
+    return slots, lengths
+
+
+@torch.library.register_kernel("mla_ext::sparse_topk_to_slots", "cpu")
+def _sparse_topk_to_slots_cpu(topk_indices, token_to_req, block_table, block_size, slots, lengths):
+    _validate_topk_to_slots(topk_indices, token_to_req, block_table, block_size, slots, lengths)
+    ref_slots, ref_lengths = reference.sparse_topk_to_slots(topk_indices, token_to_req, block_table, block_size)
+    slots.copy_(ref_slots)
+    lengths.copy_(ref_lengths)
+
+
+def _validate_compressed_slots(positions, token_to_req, block_table, block_size, compress_ratio, slot_mapping) -> None:
+    check_same_device(_COMPRESSED_SLOTS, positions=positions, token_to_req=token_to_req, block_table=block_table,
+                      slot_mapping=slot_mapping)
+    _check_int32_param(block_size, "block_size", _COMPRESSED_SLOTS)
+    _check_int32_param(compress_ratio, "compress_ratio", _COMPRESSED_SLOTS)
+    check_index_dtype(positions, "positions", torch.int64, _COMPRESSED_SLOTS)
+    check(positions.dim() == 1, _COMPRESSED_SLOTS, f"positions must be [T], got {list(positions.shape)}")
+    num_tokens = positions.shape[0]
+    _check_token_to_req_and_table(token_to_req, num_tokens, block_table, _COMPRESSED_SLOTS)
+    check_dtype(slot_mapping, "slot_mapping", (torch.int64,), _COMPRESSED_SLOTS)
+    check(slot_mapping.shape == (num_tokens,) and slot_mapping.is_contiguous(), _COMPRESSED_SLOTS,
+          f"slot_mapping must be a contiguous [T] = [{num_tokens}], got {list(slot_mapping.shape)}")
+
+
+def compressed_slot_mapping(
+    positions: torch.Tensor,
+    token_to_req: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    compress_ratio: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The slot_mapping of a compressed cache's write (DeepSeek-V4 C4A / C128A layers).
+
+    The token at position p of request ``token_to_req[t]`` completes compressed entry ``c = p //
+    compress_ratio`` when ``(p + 1) % compress_ratio == 0``; its compressed row goes to slot
+    ``block_table[req, c // block_size] * block_size + c % block_size``. Every other token, a
+    padding token (``token_to_req`` outside ``[0, num_requests)``) and an entry without a page
+    get -1, which :func:`concat_and_cache_mla_v4` skips.
+
+    Parameters
+    ----------
+    positions : Tensor ``[T]`` int64
+    token_to_req : Tensor ``[T]`` int32
+    block_table : Tensor ``[num_requests, max_blocks]`` int32, pages of the compressed cache
+    block_size, compress_ratio : int
+    out : Tensor ``[T]`` int64, optional, preallocated and contiguous (CUDA-graph use)
+
+    Returns ``[T]`` int64. On a GPU one kernel, no host sync.
+    """
+    if out is None:
+        out = torch.empty(positions.shape, dtype=torch.int64, device=positions.device)
+    torch.ops.mla_ext.compressed_slot_mapping.default(positions, token_to_req, block_table, block_size, compress_ratio, out)
+    return out
+
+
+@torch.library.register_kernel("mla_ext::compressed_slot_mapping", "cpu")
+def _compressed_slot_mapping_cpu(positions, token_to_req, block_table, block_size, compress_ratio, slot_mapping):
+    _validate_compressed_slots(positions, token_to_req, block_table, block_size, compress_ratio, slot_mapping)
+    slot_mapping.copy_(reference.compressed_slot_mapping(positions, token_to_req, block_table, block_size, compress_ratio))

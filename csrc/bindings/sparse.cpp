@@ -15,6 +15,8 @@ namespace {
 constexpr const char* kDecodeOp = "sparse_decode_mla";
 constexpr const char* kSlotsOp = "sparse_indices_to_slots";
 constexpr const char* kCompressedOp = "sparse_compressed_indices";
+constexpr const char* kTopkSlotsOp = "sparse_topk_to_slots";
+constexpr const char* kCompressedSlotsOp = "compressed_slot_mapping";
 constexpr const char* kDecodeV4Op = "sparse_decode_mla_v4";
 
 // The kernels hold these in int: a larger value would wrap (2^32 -> 0, a division by zero).
@@ -169,6 +171,17 @@ void sparse_indices_to_slots(Tensor local_indices_in, Tensor block_table, int64_
   run_sparse_indices_to_slots(params);
 }
 
+// token_to_req [T] int32 and the block table [R, max_blocks] int32 (last dim contiguous) of the
+// flat-batch index builders.
+void check_token_to_req_and_table(const Tensor& token_to_req, int64_t num_tokens, const Tensor& block_table, const char* op) {
+  check_index_dtype(token_to_req, "token_to_req", ScalarType::Int, op);
+  MLA_ARG_CHECK(token_to_req.dim() == 1 && token_to_req.size(0) == num_tokens, op,
+                "token_to_req must be [T] = [" << num_tokens << "], got " << shape_str(token_to_req));
+  check_index_dtype(block_table, "block_table", ScalarType::Int, op);
+  MLA_ARG_CHECK(block_table.dim() == 2 && (block_table.stride(1) == 1 || block_table.size(1) <= 1), op,
+                "block_table must be [num_requests, max_blocks] with a contiguous last dim, got " << shape_str(block_table));
+}
+
 void sparse_compressed_indices(Tensor positions_in, Tensor token_to_req_in, Tensor block_table, int64_t block_size,
                                int64_t compress_ratio, int64_t num_decode_tokens, Tensor indices, Tensor lengths) {
   const int device = check_same_cuda_device(
@@ -179,13 +192,7 @@ void sparse_compressed_indices(Tensor positions_in, Tensor token_to_req_in, Tens
   check_index_dtype(positions_in, "positions", ScalarType::Long, kCompressedOp);
   MLA_ARG_CHECK(positions_in.dim() == 1, kCompressedOp, "positions must be [T], got " << shape_str(positions_in));
   const int64_t num_tokens = positions_in.size(0);
-  check_index_dtype(token_to_req_in, "token_to_req", ScalarType::Int, kCompressedOp);
-  MLA_ARG_CHECK(token_to_req_in.dim() == 1 && token_to_req_in.size(0) == num_tokens, kCompressedOp,
-                "token_to_req must be [T] = [" << num_tokens << "], got " << shape_str(token_to_req_in));
-  check_index_dtype(block_table, "block_table", ScalarType::Int, kCompressedOp);
-  MLA_ARG_CHECK(block_table.dim() == 2 && (block_table.stride(1) == 1 || block_table.size(1) <= 1), kCompressedOp,
-                "block_table must be [num_requests, max_blocks] with a contiguous last dim, got "
-                    << shape_str(block_table));
+  check_token_to_req_and_table(token_to_req_in, num_tokens, block_table, kCompressedOp);
   MLA_ARG_CHECK(indices.scalar_type() == ScalarType::Int && indices.dim() == 2 && indices.size(0) == num_tokens &&
                     indices.stride(1) == 1 && indices.size(1) > 0 && indices.size(1) % 128 == 0,
                 kCompressedOp, "indices must be int32 [T, width] with width a positive multiple of 128 and a "
@@ -216,6 +223,78 @@ void sparse_compressed_indices(Tensor positions_in, Tensor token_to_req_in, Tens
   params.compress_ratio = static_cast<int>(compress_ratio);
   params.stream = current_stream(device);
   run_sparse_compressed_indices(params);
+}
+
+void sparse_topk_to_slots(Tensor topk_indices_in, Tensor token_to_req_in, Tensor block_table, int64_t block_size,
+                          Tensor slots, Tensor lengths) {
+  const int device = check_same_cuda_device(
+      kTopkSlotsOp, {{"topk_indices", &topk_indices_in}, {"token_to_req", &token_to_req_in},
+                     {"block_table", &block_table}, {"slots", &slots}, {"lengths", &lengths}});
+  check_int32_param(block_size, "block_size", kTopkSlotsOp);
+  check_index_dtype(topk_indices_in, "topk_indices", ScalarType::Int, kTopkSlotsOp);
+  MLA_ARG_CHECK(topk_indices_in.dim() == 2 && topk_indices_in.size(1) < (int64_t(1) << 31), kTopkSlotsOp,
+                "topk_indices must be [T, topk], got " << shape_str(topk_indices_in));
+  const int64_t num_tokens = topk_indices_in.size(0);
+  check_token_to_req_and_table(token_to_req_in, num_tokens, block_table, kTopkSlotsOp);
+  MLA_ARG_CHECK(slots.scalar_type() == ScalarType::Int && slots.is_contiguous() && slots.dim() == 2 &&
+                    slots.size(0) == num_tokens && slots.size(1) == topk_indices_in.size(1),
+                kTopkSlotsOp, "slots must be a contiguous int32 tensor of topk_indices' shape "
+                                  << shape_str(topk_indices_in) << ", got " << scalar_type_name(slots.scalar_type())
+                                  << " " << shape_str(slots));
+  MLA_ARG_CHECK(lengths.scalar_type() == ScalarType::Int && lengths.dim() == 1 && lengths.size(0) == num_tokens &&
+                    (lengths.stride(0) == 1 || num_tokens <= 1),
+                kTopkSlotsOp, "lengths must be a contiguous int32 [T] = [" << num_tokens << "], got "
+                                  << scalar_type_name(lengths.scalar_type()) << " " << shape_str(lengths));
+  const Tensor topk_indices = contiguous_or_copy(topk_indices_in);
+  const Tensor token_to_req = contiguous_or_copy(token_to_req_in);
+  const CudaDeviceScope device_scope(device);
+  SparseTopkToSlotsParams params{};
+  params.topk_indices = static_cast<const int32_t*>(topk_indices.data_ptr());
+  params.token_to_req = static_cast<const int32_t*>(token_to_req.data_ptr());
+  params.block_table = static_cast<const int32_t*>(block_table.data_ptr());
+  params.slots = static_cast<int32_t*>(slots.data_ptr());
+  params.lengths = static_cast<int32_t*>(lengths.data_ptr());
+  params.num_tokens = num_tokens;
+  params.num_requests = block_table.size(0);
+  params.stride_topk_indices = topk_indices.size(1);
+  params.stride_block_table = block_table.stride(0);
+  params.topk = static_cast<int>(topk_indices.size(1));
+  params.max_blocks = static_cast<int>(block_table.size(1));
+  params.block_size = static_cast<int>(block_size);
+  params.stream = current_stream(device);
+  run_sparse_topk_to_slots(params);
+}
+
+void compressed_slot_mapping(Tensor positions_in, Tensor token_to_req_in, Tensor block_table, int64_t block_size,
+                             int64_t compress_ratio, Tensor slot_mapping) {
+  const int device = check_same_cuda_device(
+      kCompressedSlotsOp, {{"positions", &positions_in}, {"token_to_req", &token_to_req_in},
+                           {"block_table", &block_table}, {"slot_mapping", &slot_mapping}});
+  check_int32_param(block_size, "block_size", kCompressedSlotsOp);
+  check_int32_param(compress_ratio, "compress_ratio", kCompressedSlotsOp);
+  check_index_dtype(positions_in, "positions", ScalarType::Long, kCompressedSlotsOp);
+  MLA_ARG_CHECK(positions_in.dim() == 1, kCompressedSlotsOp, "positions must be [T], got " << shape_str(positions_in));
+  const int64_t num_tokens = positions_in.size(0);
+  check_token_to_req_and_table(token_to_req_in, num_tokens, block_table, kCompressedSlotsOp);
+  MLA_ARG_CHECK(slot_mapping.scalar_type() == ScalarType::Long && slot_mapping.dim() == 1 &&
+                    slot_mapping.size(0) == num_tokens && (slot_mapping.stride(0) == 1 || num_tokens <= 1),
+                kCompressedSlotsOp, "slot_mapping must be a contiguous int64 [T] = [" << num_tokens << "], got "
+                                        << scalar_type_name(slot_mapping.scalar_type()) << " " << shape_str(slot_mapping));
+  const Tensor positions = contiguous_or_copy(positions_in), token_to_req = contiguous_or_copy(token_to_req_in);
+  const CudaDeviceScope device_scope(device);
+  CompressedSlotMappingParams params{};
+  params.positions = static_cast<const int64_t*>(positions.data_ptr());
+  params.token_to_req = static_cast<const int32_t*>(token_to_req.data_ptr());
+  params.block_table = static_cast<const int32_t*>(block_table.data_ptr());
+  params.slot_mapping = static_cast<int64_t*>(slot_mapping.data_ptr());
+  params.num_tokens = num_tokens;
+  params.num_requests = block_table.size(0);
+  params.stride_block_table = block_table.stride(0);
+  params.max_blocks = static_cast<int>(block_table.size(1));
+  params.block_size = static_cast<int>(block_size);
+  params.compress_ratio = static_cast<int>(compress_ratio);
+  params.stream = current_stream(device);
+  run_compressed_slot_mapping(params);
 }
 
 // One index list of the V4 decode ([b, s_q, topk] int32, last dim contiguous) and its lengths.
@@ -404,6 +483,12 @@ STABLE_TORCH_LIBRARY_FRAGMENT(mla_ext, m) {
   m.def(
       "sparse_compressed_indices(Tensor positions, Tensor token_to_req, Tensor block_table, int block_size, "
       "int compress_ratio, int num_decode_tokens, Tensor(a!) indices, Tensor(b!) lengths) -> ()");
+  m.def(
+      "sparse_topk_to_slots(Tensor topk_indices, Tensor token_to_req, Tensor block_table, int block_size, "
+      "Tensor(a!) slots, Tensor(b!) lengths) -> ()");
+  m.def(
+      "compressed_slot_mapping(Tensor positions, Tensor token_to_req, Tensor block_table, int block_size, "
+      "int compress_ratio, Tensor(a!) slot_mapping) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(mla_ext, CUDA, m) {
@@ -411,6 +496,8 @@ STABLE_TORCH_LIBRARY_IMPL(mla_ext, CUDA, m) {
   m.impl("sparse_decode_mla_v4", TORCH_BOX(&sparse_decode_mla_v4));
   m.impl("sparse_indices_to_slots", TORCH_BOX(&sparse_indices_to_slots));
   m.impl("sparse_compressed_indices", TORCH_BOX(&sparse_compressed_indices));
+  m.impl("sparse_topk_to_slots", TORCH_BOX(&sparse_topk_to_slots));
+  m.impl("compressed_slot_mapping", TORCH_BOX(&compressed_slot_mapping));
 }
 
 }  // namespace mla::bindings

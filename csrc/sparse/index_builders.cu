@@ -50,7 +50,55 @@ __global__ void __launch_bounds__(kThreads) compressed_indices_kernel(const __gr
   p.indices[t * p.stride_indices + j] = value;
 }
 
+// One CTA per token: thread i converts entries i, i + kThreads, ...; the CTA's largest index of a
+// non-negative entry, plus one, is the token's length.
+__global__ void __launch_bounds__(kThreads) topk_to_slots_kernel(const __grid_constant__ SparseTopkToSlotsParams p) {
+  const int64_t t = blockIdx.x;
+  const int64_t req = p.token_to_req[t];
+  const bool padding = req < 0 || req >= p.num_requests;
+  const int32_t* row = p.topk_indices + t * p.stride_topk_indices;
+  const int32_t* table_row = p.block_table + (padding ? 0 : req) * p.stride_block_table;
+  int last = 0;
+  for (int j = threadIdx.x; j < p.topk; j += kThreads) {
+    const int32_t pos = row[j];
+    if (pos >= 0) last = j + 1;
+    p.slots[t * p.topk + j] = padding ? -1 : position_to_slot(pos, table_row, p.max_blocks, p.block_size);
+  }
+  __shared__ int cta_last;
+  if (threadIdx.x == 0) cta_last = 0;
+  __syncthreads();
+  if (last > 0) atomicMax(&cta_last, last);
+  __syncthreads();
+  if (threadIdx.x == 0) p.lengths[t] = padding ? 0 : cta_last;
+}
+
+__global__ void __launch_bounds__(kThreads) compressed_slot_mapping_kernel(const __grid_constant__ CompressedSlotMappingParams p) {
+  const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (t >= p.num_tokens) return;
+  const int64_t req = p.token_to_req[t], pos = p.positions[t];
+  int64_t slot = -1;
+  if (req >= 0 && req < p.num_requests && pos >= 0 && (pos + 1) % p.compress_ratio == 0) {
+    slot = position_to_slot(pos / p.compress_ratio, p.block_table + req * p.stride_block_table, p.max_blocks, p.block_size);
+  }
+  p.slot_mapping[t] = slot;
+}
+
 }  // namespace
+
+void run_sparse_topk_to_slots(const SparseTopkToSlotsParams& p) {
+  if (p.num_tokens == 0) return;
+  MLA_HOST_CHECK(p.block_size > 0, "block_size must be positive");
+  topk_to_slots_kernel<<<static_cast<unsigned>(p.num_tokens), kThreads, 0, p.stream>>>(p);
+  MLA_CHECK_LAUNCH();
+}
+
+void run_compressed_slot_mapping(const CompressedSlotMappingParams& p) {
+  if (p.num_tokens == 0) return;
+  MLA_HOST_CHECK(p.block_size > 0 && p.compress_ratio > 0, "block_size and compress_ratio must be positive");
+  const dim3 grid(static_cast<unsigned>((p.num_tokens + kThreads - 1) / kThreads));
+  compressed_slot_mapping_kernel<<<grid, kThreads, 0, p.stream>>>(p);
+  MLA_CHECK_LAUNCH();
+}
 
 void run_sparse_indices_to_slots(const SparseIndicesToSlotsParams& p) {
   if (p.total == 0) return;

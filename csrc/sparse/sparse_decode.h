@@ -98,4 +98,41 @@ struct SparseCompressedIndicesParams {
 };
 void run_sparse_compressed_indices(const SparseCompressedIndicesParams& params);
 
+// A flat batch's top-k lists of compressed-cache positions -> global slots, and per token one past
+// its last non-negative entry (DeepSeek-V4 C4A decode lists; mla_ext.reference.sparse_topk_to_slots).
+struct SparseTopkToSlotsParams {
+  const int32_t* __restrict__ topk_indices;  // [T, topk] int32, row stride below (contiguous: topk); < 0 = none
+  const int32_t* __restrict__ token_to_req;  // [T] int32 row of block_table; outside [0, num_requests): padding token
+  const int32_t* __restrict__ block_table;   // [R, max_blocks] int32
+  int32_t* __restrict__ slots;               // [T, topk] int32 out, contiguous
+  int32_t* __restrict__ lengths;             // [T] int32 out
+  int64_t num_tokens;
+  int64_t num_requests;
+  int64_t stride_topk_indices;
+  int64_t stride_block_table;
+  int topk;
+  int max_blocks;
+  int block_size;
+  cudaStream_t stream;
+};
+void run_sparse_topk_to_slots(const SparseTopkToSlotsParams& params);
+
+// The compressed cache's slot_mapping: a token whose position p completes compressed entry
+// p / compress_ratio ((p + 1) % compress_ratio == 0) writes it there; others -1
+// (mla_ext.reference.compressed_slot_mapping).
+struct CompressedSlotMappingParams {
+  const int64_t* __restrict__ positions;     // [T] int64
+  const int32_t* __restrict__ token_to_req;  // [T] int32; outside [0, num_requests): padding token
+  const int32_t* __restrict__ block_table;   // [R, max_blocks] int32 (compressed cache pages)
+  int64_t* __restrict__ slot_mapping;        // [T] int64 out, contiguous
+  int64_t num_tokens;
+  int64_t num_requests;
+  int64_t stride_block_table;
+  int max_blocks;
+  int block_size;
+  int compress_ratio;
+  cudaStream_t stream;
+};
+void run_compressed_slot_mapping(const CompressedSlotMappingParams& params);
+
 }  // namespace mla
