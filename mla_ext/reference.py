@@ -413,8 +413,8 @@ def compressed_slot_mapping(
     The token at position p of request ``token_to_req[t]`` completes compressed entry ``c = p //
     compress_ratio`` when ``(p + 1) % compress_ratio == 0``; that entry's slot is ``block_table[req,
     c // block_size] * block_size + c % block_size``. Every other token, a padding token
-    (``token_to_req`` outside ``[0, num_requests)``) and an entry without a page get -1, which the
-    cache write skips. Returns int64 ``[T]``.
+    (``token_to_req`` outside ``[0, num_requests)``), an entry without a page and a slot past int32
+    (as for the index lists) get -1, which the cache write skips. Returns int64 ``[T]``.
     """
     req = token_to_req.long()
     is_request = (req >= 0) & (req < block_table.shape[0])

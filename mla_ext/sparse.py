@@ -392,8 +392,8 @@ def compressed_slot_mapping(
     The token at position p of request ``token_to_req[t]`` completes compressed entry ``c = p //
     compress_ratio`` when ``(p + 1) % compress_ratio == 0``; its compressed row goes to slot
     ``block_table[req, c // block_size] * block_size + c % block_size``. Every other token, a
-    padding token (``token_to_req`` outside ``[0, num_requests)``) and an entry without a page
-    get -1, which :func:`concat_and_cache_mla_v4` skips.
+    padding token (``token_to_req`` outside ``[0, num_requests)``), an entry without a page and a
+    slot past int32 get -1, which :func:`concat_and_cache_mla_v4` skips.
 
     Parameters
     ----------

@@ -106,6 +106,35 @@ def test_compressed_slot_mapping(device, ratio):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_compressed_slot_mapping_edges(device):
+    """Entries past the block table, on an unassigned page or past int32 get -1; strided inputs."""
+    last = (2**31 - 16) // 16  # its slots end exactly at INT32_MAX
+    table = torch.tensor([[last, last + 1, -1]], dtype=torch.int32, device=device)
+    ratio = 4
+    entries = torch.tensor([15, 16, 0, 32, 48, 47], dtype=torch.int64)  # page 0 end, page 1 (past int32), 0, -1 page, past
+    positions = (entries * ratio + ratio - 1).to(device)
+    req = torch.zeros(6, dtype=torch.int32, device=device)
+    out = mla_ext.compressed_slot_mapping(positions, req, table, 16, ratio)
+    assert out.tolist() == [2**31 - 1, -1, last * 16, -1, -1, -1]
+    # strided positions / token_to_req (views of wider buffers) read the same
+    wide_pos = torch.stack([positions, positions], 1).view(-1)[::2]
+    wide_req = torch.stack([req, req], 1).view(-1)[::2]
+    assert not wide_pos.is_contiguous()
+    assert mla_ext.compressed_slot_mapping(wide_pos, wide_req, table, 16, ratio).tolist() == out.tolist()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_topk_to_slots_strided_input(device):
+    table = torch.randperm(40, dtype=torch.int32)[:32].view(4, 8).to(device)
+    topk_idx = torch.randint(-1, 128, (9, 2, 33), dtype=torch.int32, device=device)[:, 1]  # rows 2 x 33 apart
+    req = torch.randint(-1, 4, (9,), dtype=torch.int32, device=device)
+    assert not topk_idx.is_contiguous()
+    got = mla_ext.sparse_topk_to_slots(topk_idx, req, table, 16)
+    want = reference.sparse_topk_to_slots(topk_idx.cpu(), req.cpu(), table.cpu(), 16)
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_index_builders_bad_inputs(device):
     table = torch.zeros(2, 4, dtype=torch.int32, device=device)
     req = torch.zeros(3, dtype=torch.int32, device=device)
@@ -118,12 +147,20 @@ def test_index_builders_bad_inputs(device):
         (lambda: mla_ext.sparse_topk_to_slots(topk_idx, req, table, 0), r"block_size must be .*\[1, 2147483647\], got 0"),
         (lambda: mla_ext.sparse_topk_to_slots(topk_idx, req, table, 16, torch.empty(3, 7, dtype=torch.int32, device=device)),
          "slots must be a contiguous int32 tensor of topk_indices' shape"),
+        (lambda: mla_ext.sparse_topk_to_slots(topk_idx, req, table, 16, None, torch.empty(3, dtype=torch.int64, device=device)),
+         "lengths must be .*int32"),
+        (lambda: mla_ext.sparse_topk_to_slots(topk_idx, req, table, 16, None, torch.empty(4, dtype=torch.int32, device=device)),
+         r"lengths must be a contiguous .*\[T\] = \[3\]"),
+        (lambda: mla_ext.sparse_topk_to_slots(topk_idx, req, torch.zeros(4, 2, dtype=torch.int32, device=device).t(), 16),
+         "block_table.*contiguous"),
         (lambda: mla_ext.compressed_slot_mapping(req.long(), req.long(), table, 16, 4), "token_to_req must be int32"),
         (lambda: mla_ext.compressed_slot_mapping(req, req, table, 16, 4), "positions must be int64, got int32"),
         (lambda: mla_ext.compressed_slot_mapping(req.long(), req, table, 16, 2**32),
          r"compress_ratio must be .*\[1, 2147483647\], got 4294967296"),
         (lambda: mla_ext.compressed_slot_mapping(req.long(), req, table, 16, 4, torch.empty(3, dtype=torch.int32, device=device)),
          r"slot_mapping must be .*int64"),
+        (lambda: mla_ext.compressed_slot_mapping(req.long(), req, table, 16, 4, torch.empty(4, dtype=torch.int64, device=device)),
+         r"slot_mapping must be a contiguous .*\[T\] = \[3\]"),
     ]
     for call, message in cases:
         with pytest.raises(RuntimeError, match=message):  # MlaInputError (CPU) is a RuntimeError too

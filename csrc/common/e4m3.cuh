@@ -140,6 +140,7 @@ __device__ __forceinline__ void ue8m0_split_factors(uint32_t s, uint32_t& f1, ui
 // of .x), from the factor(s) above: cvt to fp16x2, the fp16 bits shifted into bf16 (exact: an e4m3
 // value has 3 mantissa bits and an fp16 exponent of at most 15 + 8), one bf16 multiply (two with
 // kSplit). 5 instructions per pair where the fp32 route takes 6, all on full-rate pipes but the cvt.
+// An e4m3 NaN byte comes out finite (NaN needs the NaN scale 0xFF, which is how writers mark it).
 template <bool kSplit>
 __device__ __forceinline__ uint4 x8_to_bf16x8_scaled(uint2 w, uint32_t f1, uint32_t f2) {
   uint32_t h[4], r[4];
@@ -147,7 +148,7 @@ __device__ __forceinline__ uint4 x8_to_bf16x8_scaled(uint2 w, uint32_t f1, uint3
   x4_to_f16x2x2(w.y, h[2], h[3]);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t b = ((h[i] & 0x7fff7fffu) >> 3) | (h[i] & 0x80008000u);
+    const uint32_t b = ((h[i] >> 3) & 0x0fff0fffu) | (h[i] & 0x80008000u);  // (no bit crosses halves)
     __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&b), *reinterpret_cast<const __nv_bfloat162*>(&f1));
     if constexpr (kSplit) v = __hmul2(v, *reinterpret_cast<const __nv_bfloat162*>(&f2));
     r[i] = *reinterpret_cast<const uint32_t*>(&v);
