@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(V4Config::kThreads, 1)
   const int total_tiles = main_tiles + (n_extra + 63) / 64;
   const int tile_begin = whole ? 0 : split * p.tiles_per_split;
   const int tile_end = whole ? total_tiles : min(total_tiles, tile_begin + p.tiles_per_split);
-  // Keys [key0, key_end) of each list, and their steps: those of the main list first.
+  // Keys [key0, end) of each list, and their steps: those of the main list first.
   const int key0_main = 64 * min(tile_begin, main_tiles), end_main = min(n_main, 64 * min(tile_end, main_tiles));
   const int key0_extra = 64 * max(tile_begin - main_tiles, 0), end_extra = min(n_extra, 64 * max(tile_end - main_tiles, 0));
   const int steps_main = max(end_main - key0_main, 0) / kStep + (max(end_main - key0_main, 0) % kStep != 0);
@@ -144,8 +144,11 @@ __global__ void __launch_bounds__(V4Config::kThreads, 1)
   // ---- gather: thread 8 r issues row r of a step ---------------------------------------------
   const int row = tid / Cfg::kRowThreads, rq = tid % Cfg::kRowThreads;  // dequantisation: row, part
   const bool row_lane = rq == 0;
-  const int32_t* idx_main = n_main > 0 ? fp.pool[0].indices + b * fp.pool[0].stride_indices_b + s * fp.pool[0].stride_indices_s : nullptr;
-  const int32_t* idx_extra = n_extra > 0 ? fp.pool[1].indices + b * fp.pool[1].stride_indices_b + s * fp.pool[1].stride_indices_s : nullptr;
+  auto index_row = [&](const V4Pool& pool, int n) {
+    return n > 0 ? pool.indices + b * pool.stride_indices_b + s * pool.stride_indices_s : nullptr;
+  };
+  const int32_t* idx_main = index_row(fp.pool[0], n_main);
+  const int32_t* idx_extra = index_row(fp.pool[1], n_extra);
   // Step k's list (0 main, 1 extra) and this row's key in it; the key counts when below `end`.
   auto step_key = [&](int k, bool& extra, int& end) {
     extra = k >= steps_main;
