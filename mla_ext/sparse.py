@@ -228,6 +228,12 @@ def _check_token_to_req_and_table(token_to_req, num_tokens, block_table, op) -> 
     check_last_dim_contiguous(block_table, "block_table", op)
 
 
+def _check_per_token_out(t, name, dtype, num_tokens, op) -> None:
+    """An output of one value per token of the flat-batch builders: contiguous ``dtype [T]``."""
+    check_dtype(t, name, (dtype,), op)
+    check(t.shape == (num_tokens,) and t.is_contiguous(), op, f"{name} must be a contiguous [T] = [{num_tokens}], got {list(t.shape)}")
+
+
 def _validate_compressed(positions, token_to_req, block_table, block_size, compress_ratio, num_decode_tokens,
                          indices, lengths) -> None:
     check_same_device(_COMPRESSED, positions=positions, token_to_req=token_to_req, block_table=block_table,
@@ -244,9 +250,7 @@ def _validate_compressed(positions, token_to_req, block_table, block_size, compr
     check(indices.dim() == 2 and indices.shape[0] == num_tokens and indices.shape[1] > 0 and indices.shape[1] % 128 == 0,
           _COMPRESSED, f"indices must be [T, width] with width a positive multiple of 128, got {list(indices.shape)}")
     check_last_dim_contiguous(indices, "indices", _COMPRESSED)
-    check_dtype(lengths, "lengths", (torch.int32,), _COMPRESSED)
-    check(lengths.shape == (num_tokens,) and lengths.is_contiguous(), _COMPRESSED,
-          f"lengths must be a contiguous [T] = [{num_tokens}], got {list(lengths.shape)}")
+    _check_per_token_out(lengths, "lengths", torch.int32, num_tokens, _COMPRESSED)
 
 
 def sparse_compressed_indices(
@@ -309,9 +313,7 @@ def _validate_topk_to_slots(topk_indices, token_to_req, block_table, block_size,
     check(slots.shape == topk_indices.shape and slots.is_contiguous(), _TOPK_SLOTS,
           f"slots must be a contiguous int32 tensor of topk_indices' shape {list(topk_indices.shape)}, "
           f"got {list(slots.shape)}")
-    check_dtype(lengths, "lengths", (torch.int32,), _TOPK_SLOTS)
-    check(lengths.shape == (num_tokens,) and lengths.is_contiguous(), _TOPK_SLOTS,
-          f"lengths must be a contiguous [T] = [{num_tokens}], got {list(lengths.shape)}")
+    _check_per_token_out(lengths, "lengths", torch.int32, num_tokens, _TOPK_SLOTS)
 
 
 def sparse_topk_to_slots(
@@ -374,9 +376,7 @@ def _validate_compressed_slots(positions, token_to_req, block_table, block_size,
     check(positions.dim() == 1, _COMPRESSED_SLOTS, f"positions must be [T], got {list(positions.shape)}")
     num_tokens = positions.shape[0]
     _check_token_to_req_and_table(token_to_req, num_tokens, block_table, _COMPRESSED_SLOTS)
-    check_dtype(slot_mapping, "slot_mapping", (torch.int64,), _COMPRESSED_SLOTS)
-    check(slot_mapping.shape == (num_tokens,) and slot_mapping.is_contiguous(), _COMPRESSED_SLOTS,
-          f"slot_mapping must be a contiguous [T] = [{num_tokens}], got {list(slot_mapping.shape)}")
+    _check_per_token_out(slot_mapping, "slot_mapping", torch.int64, num_tokens, _COMPRESSED_SLOTS)
 
 
 def compressed_slot_mapping(

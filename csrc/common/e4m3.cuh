@@ -121,7 +121,7 @@ __device__ __forceinline__ float ue8m0_to_float(uint32_t byte) {
   return byte == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(byte << 23);
 }
 
-// A UE8M0 scale byte s as the factor of x8_to_bf16x8_scaled: 2^(s - 15) in both bf16 halves (e4m3
+// A UE8M0 scale byte s as the factor of x8_to_bf16x8_by_shift: 2^(s - 15) in both bf16 halves (e4m3
 // in fp16, shifted into bf16, is 2^-112 times its value; 2^(s - 127) 2^112 = 2^(s - 15)); 0xFF NaN.
 // Exact for s <= 142 (scales up to 2^15): larger ones take ue8m0_split_factors.
 __device__ __forceinline__ uint32_t ue8m0_to_bf16x2_factor(uint32_t s) {
@@ -142,7 +142,7 @@ __device__ __forceinline__ void ue8m0_split_factors(uint32_t s, uint32_t& f1, ui
 // kSplit). 5 instructions per pair where the fp32 route takes 6, all on full-rate pipes but the cvt.
 // An e4m3 NaN byte comes out finite (NaN needs the NaN scale 0xFF, which is how writers mark it).
 template <bool kSplit>
-__device__ __forceinline__ uint4 x8_to_bf16x8_scaled(uint2 w, uint32_t f1, uint32_t f2) {
+__device__ __forceinline__ uint4 x8_to_bf16x8_by_shift(uint2 w, uint32_t f1, uint32_t f2) {
   uint32_t h[4], r[4];
   x4_to_f16x2x2(w.x, h[0], h[1]);
   x4_to_f16x2x2(w.y, h[2], h[3]);
@@ -157,8 +157,10 @@ __device__ __forceinline__ uint4 x8_to_bf16x8_scaled(uint2 w, uint32_t f1, uint3
 }
 
 // Eight e4m3 bytes (w.x: elements 0-3) times a V4 scale -> eight bf16 (uint4, element 0 in the low
-// half of .x). e4m3 -> fp16 -> fp32 is exact, and so are the product and its bf16 rounding for
-// every power-of-two scale a writer makes (4 significant bits, fp32's exponent range).
+// half of .x), through fp32: e4m3 -> fp16 -> fp32 is exact, and so are the product and its bf16
+// rounding for every power-of-two scale a writer makes (4 significant bits, fp32's exponent range).
+// The same values as x8_to_bf16x8_by_shift (which the fused V4 kernel's conversion-bound loop uses)
+// at one instruction more per pair; an e4m3 NaN byte stays NaN here (the V4 gather path).
 __device__ __forceinline__ uint4 x8_scaled_to_bf16x8(uint2 w, float scale) {
   uint32_t h[4], r[4];
   x4_to_f16x2x2(w.x, h[0], h[1]);

@@ -195,15 +195,15 @@ using sm80::fast_exp2;  // results below 2^-126 flush to 0: the fp16/bf16 P coul
 // past topk_length are invalid, so whole tiles past it are skipped. z < split_from: token z, its
 // whole list (out and lse written here); from split_from on, num_splits CTAs per token, each
 // writing partial rows partial_row0 + h for the combine.
-struct CtaWork {
+// This CTA's query token and split (grid z, sparse_grid_z): shared by every sparse kernel, the
+// DeepSeek-V4 fused one included.
+struct CtaToken {
   int bs, b, s, split;
   bool whole;
   int64_t partial_row0;
-  int num_keys, tile_begin, num_tiles;
-  const int32_t* idx_row;
 };
-__device__ __forceinline__ CtaWork cta_work(const SparseDecodeParams& p, int tile_keys) {
-  CtaWork w;
+__device__ __forceinline__ CtaToken cta_token(const SparseDecodeParams& p) {
+  CtaToken w;
   const int z = blockIdx.z;
   w.whole = p.num_splits == 1 || z < p.split_from;
   if (w.whole) {
@@ -214,6 +214,15 @@ __device__ __forceinline__ CtaWork cta_work(const SparseDecodeParams& p, int til
     w.partial_row0 = (int64_t(w.split) * (p.batch * p.s_q - p.split_from) + (w.bs - p.split_from)) * p.h_q;
   }
   w.b = w.bs / p.s_q, w.s = w.bs % p.s_q;
+  return w;
+}
+struct CtaWork : CtaToken {
+  int num_keys, tile_begin, num_tiles;
+  const int32_t* idx_row;
+};
+__device__ __forceinline__ CtaWork cta_work(const SparseDecodeParams& p, int tile_keys) {
+  CtaWork w;
+  static_cast<CtaToken&>(w) = cta_token(p);
   w.num_keys = p.topk;
   if (p.topk_length != nullptr) w.num_keys = min(w.num_keys, max(p.topk_length[w.b], 0));
   const int total_tiles = (w.num_keys + tile_keys - 1) / tile_keys;
@@ -232,11 +241,11 @@ __device__ __forceinline__ int32_t fetch_slot_ahead(const int32_t* idx_row, int 
   return v;
 }
 
-// Q tile of kM heads x 72 16-byte chunks by cp.async (all kThreads threads); heads past h_q are
-// zero-filled, never read. addr(r, c) = byte offset of chunk c of head row r in s_q.
-template <int kM, int kThreads, typename Addr>
+// Q tile of kM heads x kChunks 16-byte chunks (V3: 72, DeepSeek-V4: 64) by cp.async (all kThreads
+// threads); heads past h_q are zero-filled, never read. addr(r, c) = byte offset of chunk c of head
+// row r in s_q.
+template <int kM, int kThreads, int kChunks = kLatentDim / 8, typename Addr>
 __device__ __forceinline__ void load_q_tile(const SparseDecodeParams& p, int b, int s, int h0, int tid, uint8_t* s_q, Addr addr) {
-  constexpr int kChunks = kLatentDim / 8;
   const auto* q = static_cast<const __nv_bfloat16*>(p.q) + b * p.stride_q_b + s * p.stride_q_s;
   for (int i = tid; i < kM * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks;

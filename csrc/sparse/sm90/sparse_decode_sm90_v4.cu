@@ -111,18 +111,9 @@ __global__ void __launch_bounds__(V4Config::kThreads, 1)
   pdl_launch_dependents();
 
   // ---- this CTA's work: query token, split, and its keys of both lists ------------------------
-  const int z = blockIdx.z;
-  const bool whole = p.num_splits == 1 || z < p.split_from;
-  int bs, split = 0;
-  int64_t partial_row0 = 0;
-  if (whole) {
-    bs = z;
-  } else {
-    const int t = z - p.split_from;
-    bs = p.split_from + t / p.num_splits, split = t % p.num_splits;
-    partial_row0 = (int64_t(split) * (p.batch * p.s_q - p.split_from) + (bs - p.split_from)) * p.h_q;
-  }
-  const int b = bs / p.s_q, s = bs % p.s_q;
+  const sparse::CtaToken token = sparse::cta_token(p);
+  const int bs = token.bs, b = token.b, s = token.s, split = token.split;
+  const bool whole = token.whole;
   // Counted entries of each list; the plan splits both lists' 64-key tiles (main first).
   auto counted = [&](const V4Pool& pool) {
     int n = pool.topk;
@@ -227,7 +218,7 @@ __global__ void __launch_bounds__(V4Config::kThreads, 1)
         // halves in the order of this thread's stores: flip = 1 takes the second half first
         const uint2 w0 = *reinterpret_cast<const uint2*>(src + 16 * c + 8 * flip);
         const uint2 w1 = *reinterpret_cast<const uint2*>(src + 16 * c + 8 * (1 - flip));
-        const uint4 v0 = e4m3::x8_to_bf16x8_scaled<kSplit>(w0, f1, f2), v1 = e4m3::x8_to_bf16x8_scaled<kSplit>(w1, f1, f2);
+        const uint4 v0 = e4m3::x8_to_bf16x8_by_shift<kSplit>(w0, f1, f2), v1 = e4m3::x8_to_bf16x8_by_shift<kSplit>(w1, f1, f2);
         uint8_t* blk = dst + t * Cfg::kKBlockBytes;
         *reinterpret_cast<uint4*>(blk + (((u + flip) ^ r8) * 16)) = v0;
         *reinterpret_cast<uint4*>(blk + (((u + 1 - flip) ^ r8) * 16)) = v1;
@@ -252,15 +243,11 @@ __global__ void __launch_bounds__(V4Config::kThreads, 1)
   };
 
   // Q: 64 heads x 64 chunks by cp.async; heads past h_q zero-filled (their rows are never written).
+  // Chunk c of head r: block c / 8, row r, 16-byte unit c % 8 swizzled by r % 8.
   auto load_q = [&]() {
-    const auto* q = static_cast<const __nv_bfloat16*>(p.q) + b * p.stride_q_b + s * p.stride_q_s;
-    for (int i = tid; i < Cfg::kM * 64; i += Cfg::kThreads) {
-      const int r = i / 64, c = i % 64;
-      const bool ok = h0 + r < p.h_q;
-      const void* src = ok ? static_cast<const void*>(q + (h0 + r) * p.stride_q_h + 8 * c) : p.q;
-      // chunk c of head r: block c / 8, row r, 16-byte unit c % 8 swizzled by r % 8
-      sm80::cp_async16(sm80::smem_addr(s_q + (c / 8) * Cfg::kQBlockBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16)), src, ok);
-    }
+    sparse::load_q_tile<Cfg::kM, Cfg::kThreads, kV4HeadDim / 8>(p, b, s, h0, tid, s_q, [](int r, int c) {
+      return (c / 8) * Cfg::kQBlockBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16);
+    });
   };
 
   // ---- per-thread state --------------------------------------------------------------------
@@ -380,7 +367,7 @@ __global__ void __launch_bounds__(V4Config::kThreads, 1)
 
   // ---- epilogue: normalised, sink, to out / partials ------------------------------------------
   const float no_v_scale[2] = {1.f, 1.f};
-  sparse::m64::store_rows(p, whole, bs, b, s, partial_row0, h0, r_lo, wg, qd, m_run, l_run, o, no_v_scale);
+  sparse::m64::store_rows(p, whole, bs, b, s, token.partial_row0, h0, r_lo, wg, qd, m_run, l_run, o, no_v_scale);
 #endif
 }
 
