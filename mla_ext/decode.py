@@ -217,6 +217,9 @@ def get_decode_plan(
     return DecodePlan(schedule, split_info, s_q, h_q, _CANONICAL[kv_cache_dtype], workspace)
 
 
+# Eager calls go straight to the overloads' C++ entry point (``_op``, what OpOverload.__call__
+# forwards to): one Python frame less, 0.3-0.7 us of a ~15 us call on the H200's host.
+# torch.compile cannot trace that builtin, so compiled code calls the overloads.
 _decode_op = torch.ops.mla_ext.decode_mla.default
 _decode_out_op = torch.ops.mla_ext.decode_mla_out.default
 
@@ -307,17 +310,20 @@ def decode_mla(
         _validate(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype, causal, scale, schedule,
                   split_info, out, lse, workspace)
         _check_values(kv_cache, block_table, seq_lens)
+    compiling = torch.compiler.is_compiling()
     if out is None and lse is None:
-        return _decode_op(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype, causal, scale, schedule,
-                          split_info, force_portable, workspace)
+        op = _decode_op if compiling else _decode_op._op
+        return op(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype, causal, scale, schedule, split_info,
+                  force_portable, workspace)
     if q.dim() != 4:  # (the caller passed one of out / lse: the other is made here, from q's shape)
         _validate(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype, causal, scale)
     if out is None:
         out = q.new_empty(q.shape[0], q.shape[1], q.shape[2], KV_LORA_RANK)
     if lse is None:
         lse = q.new_empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32)
-    _decode_out_op(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype, causal, scale, schedule,
-                   split_info, force_portable, out, lse, workspace)
+    op = _decode_out_op if compiling else _decode_out_op._op
+    op(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype, causal, scale, schedule, split_info,
+       force_portable, out, lse, workspace)
     return out, lse
 
 

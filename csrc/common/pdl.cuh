@@ -16,26 +16,18 @@
 
 #include <cuda_runtime.h>
 
-#include "common/cuda_check.h"
+#include "common/launch.h"
 
 namespace mla {
 
 // Launches `kernel<<<grid, block, smem_bytes, stream>>>(params)` as a programmatic dependent of the
-// kernel before it in the stream. Every target built (sm90, sm100) has PDL.
+// kernel before it in the stream (through the driver: common/launch.h). Every target built (sm90,
+// sm100) has PDL.
 template <typename Params>
 void launch_dependent(void (*kernel)(Params), dim3 grid, dim3 block, int smem_bytes, cudaStream_t stream,
                       const Params& params) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem_bytes;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, params));
+  void* args[] = {const_cast<Params*>(&params)};
+  launch_kernel(reinterpret_cast<const void*>(kernel), grid, block, smem_bytes, stream, args, /*dependent=*/true);
 }
 
 __device__ __forceinline__ void pdl_launch_dependents() {
