@@ -421,6 +421,9 @@ def test_opcheck():
     out = torch.empty(2, 1, 16, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(2, 16, 1, device="cuda")
     torch.library.opcheck(torch.ops.mla_ext.decode_mla_out.default, args + (None, None, False, out, lse))
+    plan = mla_ext.get_decode_plan(inp["seq_lens"], 1, 16, "fp8_ds_mla")
+    torch.library.opcheck(torch.ops.mla_ext.decode_mla.planned,
+                          args[:5] + (plan.schedule, plan.split_info, plan.workspace, "fp8_ds_mla", True, None, False))
 
 
 def test_small_for_sanitizer():

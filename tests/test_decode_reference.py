@@ -262,6 +262,24 @@ def test_opcheck_cpu():
     sched, info, workspace = plan.schedule, plan.split_info, plan.workspace
     torch.library.opcheck(torch.ops.mla_ext.decode_mla.default, args + (sched, info, False, workspace))
     torch.library.opcheck(torch.ops.mla_ext.decode_mla_out.default, args + (sched, info, False, out, lse, workspace))
+    planned = args[:5] + (sched, info, workspace)
+    torch.library.opcheck(torch.ops.mla_ext.decode_mla.planned, planned + ("fp8_ds_mla", True, None, False))
+
+
+def test_planned_overload_matches_default():
+    """decode_mla.planned (what the wrapper calls with a plan) is decode_mla with its arguments
+    reordered: the same result with the usual values left out and with every argument given."""
+    inp = make_inputs([5, 40], 2, 3, 16, "auto", device="cpu")
+    plan = mla_ext.get_decode_plan(inp["seq_lens"], 2, 3, "auto", 16)
+    args = (inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"], SOFTMAX_SCALE)
+    ref_out, ref_lse = run_reference(inp, True)
+    for tail in ((), ("auto", True, None, False)):
+        out, lse = torch.ops.mla_ext.decode_mla.planned(*args, plan.schedule, plan.split_info, plan.workspace, *tail)
+        assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    out, lse = torch.ops.mla_ext.decode_mla.planned(*args, plan.schedule, plan.split_info, plan.workspace,
+                                                    causal=False)
+    nc_out, nc_lse = run_reference(inp, False)
+    assert torch.equal(out, nc_out) and torch.equal(lse, nc_lse)
 
 
 def test_fake_under_compile():
