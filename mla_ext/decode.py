@@ -301,7 +301,18 @@ def decode_mla(
     """
     # The op validates everything else (C++ on CUDA, _validate on CPU), the plan's s_q and h_q
     # included (its workspace's shape records them); only the format it was made for is Python
-    # metadata.
+    # metadata. The engine's call (a plan of this format, no out / lse, unchecked) takes the first
+    # branch, with as few Python steps as it can: they cost as much host time as the kernel launch.
+    compiling = torch.compiler.is_dynamo_compiling()
+    if plan is not None and out is None and lse is None:
+        workspace, fmt = plan.workspace, plan.kv_cache_dtype
+        if (workspace is not None and (kv_cache_dtype == fmt or fmt is None) and not checked
+                and (checked is not None or not checked_from_env())):
+            op = _planned_op if compiling else _planned_op._op
+            if kv_cache_dtype == "auto" and causal and scale is None and not force_portable:
+                return op(q, kv_cache, block_table, seq_lens, softmax_scale, plan.schedule, plan.split_info, workspace)
+            return op(q, kv_cache, block_table, seq_lens, softmax_scale, plan.schedule, plan.split_info, workspace,
+                      kv_cache_dtype, causal, scale, force_portable)
     if plan is None:
         schedule = split_info = workspace = None
     else:
@@ -313,11 +324,8 @@ def decode_mla(
         _validate(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype, causal, scale, schedule,
                   split_info, out, lse, workspace)
         _check_values(kv_cache, block_table, seq_lens)
-    compiling = torch.compiler.is_compiling()
     if out is None and lse is None and workspace is not None:
         op = _planned_op if compiling else _planned_op._op
-        if kv_cache_dtype == "auto" and causal and scale is None and not force_portable:
-            return op(q, kv_cache, block_table, seq_lens, softmax_scale, schedule, split_info, workspace)
         return op(q, kv_cache, block_table, seq_lens, softmax_scale, schedule, split_info, workspace, kv_cache_dtype,
                   causal, scale, force_portable)
     if out is None and lse is None:
