@@ -171,6 +171,15 @@ void sparse_indices_to_slots(Tensor local_indices_in, Tensor block_table, int64_
   run_sparse_indices_to_slots(params);
 }
 
+// An output of one value per token of the flat-batch index builders: contiguous `dtype` [T] (the
+// C++ twin of _check_per_token_out in mla_ext/sparse.py).
+void check_per_token_out(const Tensor& t, const char* name, ScalarType dtype, int64_t num_tokens, const char* op) {
+  MLA_ARG_CHECK(t.scalar_type() == dtype && t.dim() == 1 && t.size(0) == num_tokens &&
+                    (t.stride(0) == 1 || num_tokens <= 1),
+                op, name << " must be a contiguous " << scalar_type_name(dtype) << " [T] = [" << num_tokens << "], got "
+                         << scalar_type_name(t.scalar_type()) << " " << shape_str(t));
+}
+
 // token_to_req [T] int32 and the block table [R, max_blocks] int32 (last dim contiguous) of the
 // flat-batch index builders.
 void check_token_to_req_and_table(const Tensor& token_to_req, int64_t num_tokens, const Tensor& block_table, const char* op) {
@@ -198,10 +207,7 @@ void sparse_compressed_indices(Tensor positions_in, Tensor token_to_req_in, Tens
                 kCompressedOp, "indices must be int32 [T, width] with width a positive multiple of 128 and a "
                                "contiguous last dim, got "
                                    << scalar_type_name(indices.scalar_type()) << " " << shape_str(indices));
-  MLA_ARG_CHECK(lengths.scalar_type() == ScalarType::Int && lengths.dim() == 1 && lengths.size(0) == num_tokens &&
-                    (lengths.stride(0) == 1 || num_tokens <= 1),
-                kCompressedOp, "lengths must be a contiguous int32 [T] = [" << num_tokens << "], got "
-                                   << scalar_type_name(lengths.scalar_type()) << " " << shape_str(lengths));
+  check_per_token_out(lengths, "lengths", ScalarType::Int, num_tokens, kCompressedOp);
   MLA_ARG_CHECK(num_decode_tokens >= 0 && num_decode_tokens <= num_tokens, kCompressedOp,
                 "num_decode_tokens must be in [0, " << num_tokens << "], got " << num_decode_tokens);
   const Tensor positions = contiguous_or_copy(positions_in), token_to_req = contiguous_or_copy(token_to_req_in);
@@ -241,10 +247,7 @@ void sparse_topk_to_slots(Tensor topk_indices_in, Tensor token_to_req_in, Tensor
                 kTopkSlotsOp, "slots must be a contiguous int32 tensor of topk_indices' shape "
                                   << shape_str(topk_indices_in) << ", got " << scalar_type_name(slots.scalar_type())
                                   << " " << shape_str(slots));
-  MLA_ARG_CHECK(lengths.scalar_type() == ScalarType::Int && lengths.dim() == 1 && lengths.size(0) == num_tokens &&
-                    (lengths.stride(0) == 1 || num_tokens <= 1),
-                kTopkSlotsOp, "lengths must be a contiguous int32 [T] = [" << num_tokens << "], got "
-                                  << scalar_type_name(lengths.scalar_type()) << " " << shape_str(lengths));
+  check_per_token_out(lengths, "lengths", ScalarType::Int, num_tokens, kTopkSlotsOp);
   const Tensor topk_indices = contiguous_or_copy(topk_indices_in);
   const Tensor token_to_req = contiguous_or_copy(token_to_req_in);
   const CudaDeviceScope device_scope(device);
@@ -276,10 +279,7 @@ void compressed_slot_mapping(Tensor positions_in, Tensor token_to_req_in, Tensor
   MLA_ARG_CHECK(positions_in.dim() == 1, kCompressedSlotsOp, "positions must be [T], got " << shape_str(positions_in));
   const int64_t num_tokens = positions_in.size(0);
   check_token_to_req_and_table(token_to_req_in, num_tokens, block_table, kCompressedSlotsOp);
-  MLA_ARG_CHECK(slot_mapping.scalar_type() == ScalarType::Long && slot_mapping.dim() == 1 &&
-                    slot_mapping.size(0) == num_tokens && (slot_mapping.stride(0) == 1 || num_tokens <= 1),
-                kCompressedSlotsOp, "slot_mapping must be a contiguous int64 [T] = [" << num_tokens << "], got "
-                                        << scalar_type_name(slot_mapping.scalar_type()) << " " << shape_str(slot_mapping));
+  check_per_token_out(slot_mapping, "slot_mapping", ScalarType::Long, num_tokens, kCompressedSlotsOp);
   const Tensor positions = contiguous_or_copy(positions_in), token_to_req = contiguous_or_copy(token_to_req_in);
   const CudaDeviceScope device_scope(device);
   CompressedSlotMappingParams params{};

@@ -9,18 +9,10 @@
 #include <unordered_map>
 
 #include "common/cuda_check.h"
+#include "common/driver_entry.h"
 
 namespace mla {
 namespace {
-
-// Driver entry points, looked up once through the runtime (the library needs no -lcuda).
-template <typename Fn>
-Fn driver_entry(const char* name, int version) {
-  void* f = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  const cudaError_t err = cudaGetDriverEntryPointByVersion(name, &f, version, cudaEnableDefault, &found);
-  return err == cudaSuccess && found == cudaDriverEntryPointSuccess ? reinterpret_cast<Fn>(f) : nullptr;
-}
 
 PFN_cuLaunchKernelEx_v11060 launcher() {
   static const PFN_cuLaunchKernelEx_v11060 fn = driver_entry<PFN_cuLaunchKernelEx_v11060>("cuLaunchKernelEx", 11060);

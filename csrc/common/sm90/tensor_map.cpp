@@ -9,18 +9,13 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "common/driver_entry.h"
+
 namespace mla::sm90 {
 namespace {
 
-// The driver entry point, looked up once through the runtime (the library needs no -lcuda).
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found);
-    return err == cudaSuccess && found == cudaDriverEntryPointSuccess ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f)
-                                                                      : nullptr;
-  }();
+  static const auto fn = driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", 12000);
   return fn;
 }
 
