@@ -15,7 +15,7 @@ import torch
 from . import reference
 from ._validate import check, check_dtype, check_index_dtype, check_kv_cache_rows, check_no_zero_strides
 from ._validate import check_same_device, checked_from_env, dtype_name, fail
-from .formats import CACHE_FORMATS, KV_LORA_RANK, LATENT_DIM, canonical_format
+from .formats import CACHE_FORMATS, DS_MLA_ROW_BYTES, KV_LORA_RANK, LATENT_DIM, canonical_format
 
 _OP = "decode_mla"
 _PLAN_OP = "decode_plan"
@@ -221,9 +221,11 @@ def get_decode_plan(
 # forwards to): one Python frame less, 0.3-0.7 us of a ~15 us call on the H200's host.
 # torch.compile cannot trace that builtin, so compiled code calls the overloads.
 _decode_op = torch.ops.mla_ext.decode_mla.default
-# With a plan: its tensors first, the arguments with usual values (format 'auto', causal, no scale,
-# not forced portable) last and left out when they have those values (0.25-0.6 us each).
+# With a plan, causal, no scale, not forced portable, format 'auto' or 'fp8_ds_mla' (the cache's own
+# for this overload): the 8 arguments that change between calls (every one passed, or left at a
+# default, costs 0.25-0.6 us of host time).
 _planned_op = torch.ops.mla_ext.decode_mla.planned
+_PLANNED_FORMATS = ("auto", "fp8_ds_mla")
 _decode_out_op = torch.ops.mla_ext.decode_mla_out.default
 
 
@@ -306,13 +308,11 @@ def decode_mla(
     compiling = torch.compiler.is_dynamo_compiling()
     if plan is not None and out is None and lse is None:
         workspace, fmt = plan.workspace, plan.kv_cache_dtype
-        if (workspace is not None and (kv_cache_dtype == fmt or fmt is None) and not checked
+        if (workspace is not None and causal and scale is None and not force_portable
+                and kv_cache_dtype in _PLANNED_FORMATS and (kv_cache_dtype == fmt or fmt is None) and not checked
                 and (checked is not None or not checked_from_env())):
             op = _planned_op if compiling else _planned_op._op
-            if kv_cache_dtype == "auto" and causal and scale is None and not force_portable:
-                return op(q, kv_cache, block_table, seq_lens, softmax_scale, plan.schedule, plan.split_info, workspace)
-            return op(q, kv_cache, block_table, seq_lens, softmax_scale, plan.schedule, plan.split_info, workspace,
-                      kv_cache_dtype, causal, scale, force_portable)
+            return op(q, kv_cache, block_table, seq_lens, softmax_scale, plan.schedule, plan.split_info, workspace)
     if plan is None:
         schedule = split_info = workspace = None
     else:
@@ -324,10 +324,6 @@ def decode_mla(
         _validate(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype, causal, scale, schedule,
                   split_info, out, lse, workspace)
         _check_values(kv_cache, block_table, seq_lens)
-    if out is None and lse is None and workspace is not None:
-        op = _planned_op if compiling else _planned_op._op
-        return op(q, kv_cache, block_table, seq_lens, softmax_scale, schedule, split_info, workspace, kv_cache_dtype,
-                  causal, scale, force_portable)
     if out is None and lse is None:
         op = _decode_op if compiling else _decode_op._op
         return op(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype, causal, scale, schedule, split_info,
@@ -377,11 +373,22 @@ def _decode_mla_cpu(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_
                           split_info, workspace=workspace)
 
 
+def _planned_format(kv_cache: torch.Tensor) -> str:
+    """decode_mla.planned's cache format, the cache's own: uint8 rows of 656 bytes fp8_ds_mla, a
+    16-bit cache 'auto' (as csrc/bindings/decode.cpp decides)."""
+    if kv_cache.dtype == torch.uint8 and kv_cache.dim() == 3 and kv_cache.shape[2] == DS_MLA_ROW_BYTES:
+        return "fp8_ds_mla"
+    if kv_cache.dtype in (torch.uint8, torch.float8_e4m3fn):
+        fail(_OP, f"the planned overload takes a 16-bit cache ('auto') or an fp8_ds_mla one (uint8, rows of "
+                  f"{DS_MLA_ROW_BYTES} bytes), got {dtype_name(kv_cache.dtype)} {list(kv_cache.shape)}: for an fp8 "
+                  f"cache call decode_mla with kv_cache_dtype='fp8' and its scale")
+    return "auto"
+
+
 @torch.library.register_kernel("mla_ext::decode_mla.planned", "cpu")
-def _decode_mla_planned_cpu(q, kv_cache, block_table, seq_lens, softmax_scale, schedule, split_info, workspace,
-                            kv_cache_dtype="auto", causal=True, scale=None, force_portable=False):
-    return _reference_cpu(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype, causal, scale, schedule,
-                          split_info, workspace=workspace)
+def _decode_mla_planned_cpu(q, kv_cache, block_table, seq_lens, softmax_scale, schedule, split_info, workspace):
+    return _reference_cpu(q, kv_cache, block_table, seq_lens, softmax_scale, _planned_format(kv_cache), True, None,
+                          schedule, split_info, workspace=workspace)
 
 
 @torch.library.register_kernel("mla_ext::decode_mla_out", "cpu")
@@ -403,10 +410,9 @@ def _decode_mla_fake(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache
 
 
 @torch.library.register_fake("mla_ext::decode_mla.planned")
-def _decode_mla_planned_fake(q, kv_cache, block_table, seq_lens, softmax_scale, schedule, split_info, workspace,
-                             kv_cache_dtype="auto", causal=True, scale=None, force_portable=False):
-    return _decode_mla_fake(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype, causal, scale, schedule,
-                            split_info, force_portable, workspace)
+def _decode_mla_planned_fake(q, kv_cache, block_table, seq_lens, softmax_scale, schedule, split_info, workspace):
+    return _decode_mla_fake(q, kv_cache, block_table, seq_lens, softmax_scale, _planned_format(kv_cache), True, None,
+                            schedule, split_info, False, workspace)
 
 
 @torch.library.register_fake("mla_ext::decode_mla_out")

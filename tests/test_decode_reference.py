@@ -262,24 +262,25 @@ def test_opcheck_cpu():
     sched, info, workspace = plan.schedule, plan.split_info, plan.workspace
     torch.library.opcheck(torch.ops.mla_ext.decode_mla.default, args + (sched, info, False, workspace))
     torch.library.opcheck(torch.ops.mla_ext.decode_mla_out.default, args + (sched, info, False, out, lse, workspace))
-    planned = args[:5] + (sched, info, workspace)
-    torch.library.opcheck(torch.ops.mla_ext.decode_mla.planned, planned + ("fp8_ds_mla", True, None, False))
+    torch.library.opcheck(torch.ops.mla_ext.decode_mla.planned, args[:5] + (sched, info, workspace))
 
 
 def test_planned_overload_matches_default():
-    """decode_mla.planned (what the wrapper calls with a plan) is decode_mla with its arguments
-    reordered: the same result with the usual values left out and with every argument given."""
-    inp = make_inputs([5, 40], 2, 3, 16, "auto", device="cpu")
-    plan = mla_ext.get_decode_plan(inp["seq_lens"], 2, 3, "auto", 16)
-    args = (inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"], SOFTMAX_SCALE)
-    ref_out, ref_lse = run_reference(inp, True)
-    for tail in ((), ("auto", True, None, False)):
-        out, lse = torch.ops.mla_ext.decode_mla.planned(*args, plan.schedule, plan.split_info, plan.workspace, *tail)
+    """decode_mla.planned (what the wrapper calls with a plan in the usual case) is decode_mla,
+    causal, with the cache format the cache's own: 16-bit 'auto', uint8 'fp8_ds_mla'."""
+    for fmt in ("auto", "fp8_ds_mla"):
+        inp = make_inputs([5, 40], 2, 3, 16, fmt, device="cpu")
+        plan = mla_ext.get_decode_plan(inp["seq_lens"], 2, 3, fmt, 16)
+        args = (inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"], SOFTMAX_SCALE)
+        out, lse = torch.ops.mla_ext.decode_mla.planned(*args, plan.schedule, plan.split_info, plan.workspace)
+        ref_out, ref_lse = run_reference(inp, True)
         assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
-    out, lse = torch.ops.mla_ext.decode_mla.planned(*args, plan.schedule, plan.split_info, plan.workspace,
-                                                    causal=False)
-    nc_out, nc_lse = run_reference(inp, False)
-    assert torch.equal(out, nc_out) and torch.equal(lse, nc_lse)
+    # An fp8 cache needs its scale: the overload refuses it, naming the format to pass.
+    inp = make_inputs([5, 40], 1, 3, 16, "fp8", device="cpu")
+    plan = mla_ext.get_decode_plan(inp["seq_lens"], 1, 3, "fp8", 16)
+    with pytest.raises(mla_ext.MlaInputError, match=r"planned overload takes .* kv_cache_dtype='fp8' and its scale"):
+        torch.ops.mla_ext.decode_mla.planned(inp["q"], inp["kv_cache"], inp["block_table"], inp["seq_lens"],
+                                             SOFTMAX_SCALE, plan.schedule, plan.split_info, plan.workspace)
 
 
 def test_fake_under_compile():

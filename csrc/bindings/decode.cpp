@@ -254,16 +254,23 @@ std::tuple<Tensor, Tensor> decode_mla(Tensor q, Tensor kv_cache, Tensor block_ta
                      split_info, workspace, force_portable, std::nullopt, std::nullopt);
 }
 
-// The overload the wrappers call with a plan: the plan's tensors first and every argument with a
-// usual value last, so that a call in the common case (bf16 cache, causal) passes 8 arguments
-// instead of 12; through torch.ops a tensor argument costs ~0.25 us of host time, a number or
-// a string 0.3-0.6 us.
+// The overload the wrapper calls with a plan in the usual case: causal, no fp8 scale, nothing
+// forced, the format the cache's own (q's 16-bit dtype: 'auto'; uint8: 'fp8_ds_mla', whose
+// 656-byte rows check_kv_cache then requires). Every argument passed through torch.ops costs host
+// time (on the H200's host ~0.25 us a tensor, 0.3-0.6 us a number or a string, even one left at
+// its default), so this schema has the 8 that change from call to call and nothing else.
 std::tuple<Tensor, Tensor> decode_mla_planned(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens,
                                               double softmax_scale, Tensor schedule, Tensor split_info,
-                                              Tensor workspace, std::string kv_cache_dtype, bool causal,
-                                              std::optional<Tensor> scale, bool force_portable) {
-  return decode_impl(q, kv_cache, block_table, seq_lens, softmax_scale, kv_cache_dtype, causal, scale, schedule,
-                     split_info, workspace, force_portable, std::nullopt, std::nullopt);
+                                              Tensor workspace) {
+  const ScalarType cache_type = kv_cache.scalar_type();
+  const bool ds_mla = cache_type == ScalarType::Byte && kv_cache.dim() == 3 && kv_cache.size(2) == kDsMlaRowBytes;
+  MLA_ARG_CHECK(ds_mla || (cache_type != ScalarType::Byte && cache_type != ScalarType::Float8_e4m3fn), kOp,
+                "the planned overload takes a 16-bit cache ('auto') or an fp8_ds_mla one (uint8, rows of 656 bytes), "
+                "got " << scalar_type_name(cache_type) << " " << shape_str(kv_cache)
+                       << ": for an fp8 cache call decode_mla with kv_cache_dtype='fp8' and its scale");
+  const char* format = ds_mla ? "fp8_ds_mla" : "auto";
+  return decode_impl(q, kv_cache, block_table, seq_lens, softmax_scale, format, /*causal=*/true, std::nullopt,
+                     schedule, split_info, workspace, /*force_portable=*/false, std::nullopt, std::nullopt);
 }
 
 void decode_mla_out(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens, double softmax_scale,
@@ -286,8 +293,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(mla_ext, m) {
       "bool force_portable=False, Tensor(a!)? workspace=None) -> (Tensor, Tensor)");
   m.def(
       "decode_mla.planned(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens, float softmax_scale, "
-      "Tensor schedule, Tensor split_info, Tensor(a!) workspace, str kv_cache_dtype=\"auto\", bool causal=True, "
-      "Tensor? scale=None, bool force_portable=False) -> (Tensor, Tensor)");
+      "Tensor schedule, Tensor split_info, Tensor(a!) workspace) -> (Tensor, Tensor)");
   m.def(
       "decode_mla_out(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens, float softmax_scale, "
       "str kv_cache_dtype, bool causal, Tensor? scale, Tensor? schedule, Tensor? split_info, bool force_portable, "
