@@ -308,8 +308,11 @@ def decode_mla(
     compiling = torch.compiler.is_dynamo_compiling()
     if plan is not None and out is None and lse is None:
         workspace, fmt = plan.workspace, plan.kv_cache_dtype
+        # (the overload takes the cache's format as the call's only when the two agree: uint8 is
+        # fp8_ds_mla; a cache that contradicts kv_cache_dtype goes on to the default overload's error)
         if (workspace is not None and causal and scale is None and not force_portable
-                and kv_cache_dtype in _PLANNED_FORMATS and (kv_cache_dtype == fmt or fmt is None) and not checked
+                and kv_cache_dtype in _PLANNED_FORMATS and (kv_cache_dtype == fmt or fmt is None)
+                and (kv_cache.dtype == torch.uint8) == (kv_cache_dtype == "fp8_ds_mla") and not checked
                 and (checked is not None or not checked_from_env())):
             op = _planned_op if compiling else _planned_op._op
             return op(q, kv_cache, block_table, seq_lens, softmax_scale, plan.schedule, plan.split_info, workspace)

@@ -241,6 +241,14 @@ def test_bad_plans_and_buffers_gpu():
         run_op(inp, True, lse=torch.empty(1, 1, 1, device="cuda").expand(2, 4, 1))
     with pytest.raises(RuntimeError, match=r"seq_lens must be int32, got int64: convert once per step"):
         mla_ext.get_decode_plan(inp["seq_lens"].long(), 1, 4)
+    # A cache that contradicts kv_cache_dtype is refused also with a plan of that format.
+    for fmt, cache_fmt, msg in (("auto", "fp8_ds_mla", "kv_cache_dtype='auto' needs a kv_cache of q's dtype"),
+                                ("fp8_ds_mla", "auto", "kv_cache must be uint8 for kv_cache_dtype='fp8_ds_mla'")):
+        other = make_inputs([5, 40], 1, 4, 16, cache_fmt, device="cuda")
+        plan = mla_ext.get_decode_plan(other["seq_lens"], 1, 4, fmt)
+        with pytest.raises(RuntimeError, match=msg):
+            mla_ext.decode_mla(other["q"], other["kv_cache"], other["block_table"], other["seq_lens"], SCALE, fmt,
+                               plan=plan)
 
 
 def test_misaligned_q_is_copied():

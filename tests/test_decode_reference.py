@@ -351,6 +351,14 @@ def test_bad_values_and_plan():
         mla_ext.get_decode_plan(inp["seq_lens"].long(), 1, 4)
     with pytest.raises(mla_ext.MlaInputError, match=r"seq_lens must be 1-D \[b\] with 1 <= b <= 65535"):
         mla_ext.get_decode_plan(torch.zeros(65536, dtype=torch.int32), 1, 4)
+    # A cache that contradicts kv_cache_dtype is refused also with a plan of that format.
+    for fmt, cache_fmt, msg in (("auto", "fp8_ds_mla", "kv_cache_dtype='auto' needs a kv_cache of q's dtype"),
+                                ("fp8_ds_mla", "auto", "kv_cache must be uint8 for kv_cache_dtype='fp8_ds_mla'")):
+        other = make_inputs([5, 40], 1, 4, 16, cache_fmt, device="cpu")
+        plan = mla_ext.get_decode_plan(other["seq_lens"], 1, 4, fmt)
+        with pytest.raises(mla_ext.MlaInputError, match=msg):
+            mla_ext.decode_mla(other["q"], other["kv_cache"], other["block_table"], other["seq_lens"], SOFTMAX_SCALE, fmt,
+                               plan=plan)
     # A plan's workspace too small for this call (a plan for fewer heads, passed to the op).
     small = mla_ext.get_decode_plan(inp["seq_lens"], 1, 2, "auto")
     # its workspace's shape records the plan's geometry: the op refuses it for h_q 4 ...
