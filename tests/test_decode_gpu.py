@@ -430,7 +430,8 @@ def test_opcheck():
     lse = torch.empty(2, 16, 1, device="cuda")
     torch.library.opcheck(torch.ops.mla_ext.decode_mla_out.default, args + (None, None, False, out, lse))
     plan = mla_ext.get_decode_plan(inp["seq_lens"], 1, 16, "fp8_ds_mla")
-    torch.library.opcheck(torch.ops.mla_ext.decode_mla.planned, args[:5] + (plan.schedule, plan.split_info, plan.workspace))
+    torch.library.opcheck(torch.ops.mla_ext.decode_mla.planned,
+                          args[:5] + (plan.schedule, plan.split_info, plan.workspace))
     # The planned overload's format is the cache's own; an fp8 cache (which needs its scale) is refused.
     fp8 = make_inputs([10, 100], 1, 16, 16, "fp8", device="cuda")
     with pytest.raises(RuntimeError, match=r"planned overload takes .* kv_cache_dtype='fp8' and its scale"):

@@ -357,8 +357,8 @@ def test_bad_values_and_plan():
         other = make_inputs([5, 40], 1, 4, 16, cache_fmt, device="cpu")
         plan = mla_ext.get_decode_plan(other["seq_lens"], 1, 4, fmt)
         with pytest.raises(mla_ext.MlaInputError, match=msg):
-            mla_ext.decode_mla(other["q"], other["kv_cache"], other["block_table"], other["seq_lens"], SOFTMAX_SCALE, fmt,
-                               plan=plan)
+            mla_ext.decode_mla(other["q"], other["kv_cache"], other["block_table"], other["seq_lens"], SOFTMAX_SCALE,
+                               fmt, plan=plan)
     # A plan's workspace too small for this call (a plan for fewer heads, passed to the op).
     small = mla_ext.get_decode_plan(inp["seq_lens"], 1, 2, "auto")
     # its workspace's shape records the plan's geometry: the op refuses it for h_q 4 ...

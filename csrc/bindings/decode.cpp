@@ -255,10 +255,10 @@ std::tuple<Tensor, Tensor> decode_mla(Tensor q, Tensor kv_cache, Tensor block_ta
 }
 
 // The overload the wrapper calls with a plan in the usual case: causal, no fp8 scale, nothing
-// forced, the format the cache's own (q's 16-bit dtype: 'auto'; uint8: 'fp8_ds_mla', whose
-// 656-byte rows check_kv_cache then requires). Every argument passed through torch.ops costs host
-// time (on the H200's host ~0.25 us a tensor, 0.3-0.6 us a number or a string, even one left at
-// its default), so this schema has the 8 that change from call to call and nothing else.
+// forced, the format the cache's own (a 16-bit cache: 'auto'; uint8 rows of 656 bytes:
+// 'fp8_ds_mla'; an fp8 cache, which needs its scale, is refused). Every argument passed through
+// torch.ops costs host time (on the H200's host 0.3-0.5 us a tensor, up to 0.7 a Python float; four
+// left at their defaults 0.5), so this schema has the 8 that change from call to call and no more.
 std::tuple<Tensor, Tensor> decode_mla_planned(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens,
                                               double softmax_scale, Tensor schedule, Tensor split_info,
                                               Tensor workspace) {
