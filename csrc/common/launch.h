@@ -11,7 +11,7 @@ namespace mla {
 // Launches the __global__ function whose host stub is `kernel` with `args` (pointers to its
 // parameters, as cudaLaunchKernel takes them) on `stream`; with `dependent`, as a programmatic
 // dependent of the kernel before it in the stream (common/pdl.cuh). Captured by CUDA graphs as a
-// runtime launch is. Throws std::runtime_error naming `kernel`'s launch error.
+// runtime launch is. Throws std::runtime_error naming the driver's error.
 void launch_kernel(const void* kernel, dim3 grid, dim3 block, int smem_bytes, cudaStream_t stream, void** args,
                    bool dependent);
 
