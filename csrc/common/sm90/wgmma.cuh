@@ -183,6 +183,51 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss_mn(float (&d)[64], uint64_t 
 #undef MLA_WGMMA_N128_SS_MN
 }
 
+// The accumulator list of the m64n256 wrappers below: %0 .. %127.
+#define MLA_WGMMA_N256_ACC                                                                                            \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                           \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                                  \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                                  \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "                                  \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "                                  \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "                                  \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "                      \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+
+// d[64 x 256] += a[64 x 16] * b[16 x 256]: m64n128k16_rs_mn over twice the columns, d[0] columns 0-127 and
+// d[1] 128-255 (the m64n256 fragment is the two m64n128 ones one after the other). One instruction
+// instead of two: half the issue slots and descriptor arithmetic for a P V over 256 dims.
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_m64n256k16_rs_mn(float (&d)[2][64], const uint32_t (&a)[4], uint64_t desc_b) {
+#define MLA_WGMMA_N256_RS_MN(TYPE)                                                                                     \
+  asm volatile(                                                                                                       \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                                                                  \
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " "                                               \
+      MLA_WGMMA_N256_ACC                                                                                             \
+      "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"                                                         \
+      : MLA_WGMMA_D64(d[0]), MLA_WGMMA_D64(d[1])                                                                      \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
+  if constexpr (kBf16) MLA_WGMMA_N256_RS_MN("bf16");
+  else MLA_WGMMA_N256_RS_MN("f16");
+#undef MLA_WGMMA_N256_RS_MN
+}
+
+// d[64 x 256] += a[64 x 16] * b[16 x 256], both in shared memory (m64n128k16_ss_mn over twice the columns).
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_m64n256k16_ss_mn(float (&d)[2][64], uint64_t desc_a, uint64_t desc_b) {
+#define MLA_WGMMA_N256_SS_MN(TYPE)                                                                                     \
+  asm volatile(                                                                                                       \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                                                  \
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " "                                               \
+      MLA_WGMMA_N256_ACC                                                                                             \
+      "%128, %129, p, 1, 1, 0, 1;\n}\n"                                                                            \
+      : MLA_WGMMA_D64(d[0]), MLA_WGMMA_D64(d[1])                                                                      \
+      : "l"(desc_a), "l"(desc_b), "r"(1))
+  if constexpr (kBf16) MLA_WGMMA_N256_SS_MN("bf16");
+  else MLA_WGMMA_N256_SS_MN("f16");
+#undef MLA_WGMMA_N256_SS_MN
+}
+
 // d[64 x N] (+)= a[64 x 16] * b[16 x N] for N = 32, 64 or 128 (the overloads above).
 template <int N>
 __device__ __forceinline__ void wgmma_m64nNk16_bf16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {

@@ -284,13 +284,11 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
       const uint32_t k_off = stage * C::kTileBytes;
       sm90::wgmma_fence();
 #pragma unroll
-      for (int v = 0; v < 2; ++v)
-#pragma unroll
-        for (int ks = 0; ks < kBlockN / 16; ++ks) {
-          const uint64_t db = v_desc.at(k_off + (4 * wg + 2 * v) * C::kBlockBytes + 16 * 128 * ks);
-          if (pa != nullptr) sm90::wgmma_m64n128k16_rs_mn<kBf16>(acc[v], pa[ks], db);
-          else sm90::wgmma_m64n128k16_ss_mn<kBf16>(acc[v], k_desc.at(k_off + 8 * C::kBlockBytes + 32 * ks), db);
-        }
+      for (int ks = 0; ks < kBlockN / 16; ++ks) {
+        const uint64_t db = v_desc.at(k_off + 4 * wg * C::kBlockBytes + 16 * 128 * ks);
+        if (pa != nullptr) sm90::wgmma_m64n256k16_rs_mn<kBf16>(acc, pa[ks], db);
+        else sm90::wgmma_m64n256k16_ss_mn<kBf16>(acc, k_desc.at(k_off + 8 * C::kBlockBytes + 32 * ks), db);
+      }
       sm90::wgmma_commit();
     };
     // S += Q K^T over `count` dim blocks of stage wg, first .. first + count - 1 (mod 9), each after its
