@@ -322,7 +322,7 @@ def test_force_portable_hook():
     assert len(forced) == 1 and kernel_is(forced[0], "portable::decode_split_kernel",
                                           (SCALAR[torch.bfloat16], CACHE_FORMAT["auto"], 64)), forced
     if is_sm90():
-        pairs = ("decode_split_wgmma_pairs_kernel", (SCALAR[torch.bfloat16], False))
+        pairs = ("decode_split_wgmma_pairs_kernel", (SCALAR[torch.bfloat16], CACHE_FORMAT["auto"], False))
         assert len(arch) == 1 and kernel_is(arch[0], *pairs), arch
     env_forced = os.environ.get("MLA_EXT_FORCE_PORTABLE", "") not in ("", "0")
     assert env == (forced if env_forced else arch), (env, env_forced)
@@ -508,8 +508,8 @@ def _wgmma(dtype, fmt):
     return "hopper::decode_split_wgmma_kernel", (SCALAR[dtype], CACHE_FORMAT[fmt])
 
 
-def _pairs(dtype, page_boxes):
-    return "decode_split_wgmma_pairs_kernel", (SCALAR[dtype], page_boxes)
+def _pairs(dtype, page_boxes, fmt="auto"):
+    return "decode_split_wgmma_pairs_kernel", (SCALAR[dtype], CACHE_FORMAT[fmt], page_boxes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -581,9 +581,9 @@ def _dispatch_cases() -> list[DispatchCase]:
             _fp8_16_rows(_BF16, fmt, raw_rows=True), h_q=32)
         add(f"{fmt}_s2_h13_bs48", fmt, 48, _fp8_16_rows(_BF16, fmt, qk_wgmma=True),
             _fp8_16_rows(_BF16, fmt, raw_rows=True), s_q=2, h_q=13)
-    # > 32 rows. sm90, 16-bit cache: the tile-pairs kernel where the tensor map builds (page boxes
-    # for block sizes 8, 16, 32), else decode_split_wgmma.cu; fp8 caches: decode_split_wgmma.cu
-    # (fp16 q too). Forced portable: the portable 64-row kernel.
+    # > 32 rows. sm90, 16-bit cache and fp8_ds_mla with bf16 q: the tile-pairs kernel where the
+    # tensor maps build (page boxes for block sizes 8, 16, 32), else decode_split_wgmma.cu; fp8 and
+    # fp16 q with fp8_ds_mla: decode_split_wgmma.cu. Forced portable: the portable 64-row kernel.
     for dtype, name in ((_BF16, ""), (_FP16, "_fp16")):
         p64 = _portable(dtype, "auto", 64)
         add(f"auto{name}_h64_bs64", "auto", 64, _pairs(dtype, False), p64, h_q=64, dtype=dtype)
@@ -597,8 +597,11 @@ def _dispatch_cases() -> list[DispatchCase]:
         add(f"auto{name}_h128_bs48", "auto", 48, _wgmma(dtype, "auto"), p64, h_q=128, dtype=dtype)
         for fmt in ("fp8", "fp8_ds_mla"):
             p64 = _portable(dtype, fmt, 64)
-            add(f"{fmt}{name}_h64_bs64", fmt, 64, _wgmma(dtype, fmt), p64, h_q=64, dtype=dtype)
-            add(f"{fmt}{name}_h128_bs16_rowpad", fmt, 16, _wgmma(dtype, fmt), p64, h_q=128, dtype=dtype, row_pad=16)
+            pairs = fmt == "fp8_ds_mla" and dtype == _BF16
+            whole, boxes = (_pairs(dtype, False, fmt), _pairs(dtype, True, fmt)) if pairs else (_wgmma(dtype, fmt),) * 2
+            add(f"{fmt}{name}_h64_bs64", fmt, 64, whole, p64, h_q=64, dtype=dtype)
+            add(f"{fmt}{name}_h128_bs16_rowpad", fmt, 16, boxes, p64, h_q=128, dtype=dtype, row_pad=16)
+            add(f"{fmt}{name}_s2_h20_bs128_pagepad", fmt, 128, whole, p64, s_q=2, h_q=20, dtype=dtype, page_pad=5)
             add(f"{fmt}{name}_s3_h16_bs61_pagepad", fmt, 61, _wgmma(dtype, fmt), p64, s_q=3, dtype=dtype, page_pad=3)
     return cases
 
@@ -635,6 +638,9 @@ SMALL_CASES = [
     ("fp8_h64_bs64", "portable"),
     ("fp8_ds_mla_s3_h16_bs61_pagepad", "portable"),
     ("fp8_ds_mla_s2_h13_bs48", "default"),  # fp8 16-row kernel, two row blocks (26 rows)
+    ("fp8_ds_mla_h64_bs64", "default"),     # sm90: tile pairs with the converter warpgroup, whole pages
+    ("fp8_ds_mla_h128_bs16_rowpad", "default"),  # ... page boxes, two row tiles
+    ("fp8_ds_mla_s2_h20_bs128_pagepad", "default"),  # ... 40 rows: padding rows, causal
     ("fp8_s2_h13_bs48", "portable"),
 ]
 

@@ -10,7 +10,10 @@
 //   32 (17-32 rows)   auto              as 64 rows (one tile, padded)         portable::decode_split<32>
 //   64 (> 32 rows)    auto              hopper::wgmma_pairs where the tensor  portable::decode_split<64>
 //                                       map builds, else hopper::wgmma
-//                     fp8, fp8_ds_mla   hopper::wgmma (fp16 q too)            portable::decode_split<64>
+//                     fp8_ds_mla        bf16 q: hopper::wgmma_pairs with a    portable::decode_split<64>
+//                                       converter warpgroup where the tensor
+//                                       maps build; else hopper::wgmma
+//                     fp8               hopper::wgmma (fp16 q too)            portable::decode_split<64>
 // (16-bit caches, 17-32 rows on sm90: the 64-row wgmma kernels with the rows padded, as FlashMLA pads
 // every head count to 64, run at the time of 64 rows, ~0.77x of the portable 32-row kernel's on the
 // H200; the m-block count, hence the plan, is the same either way. fp8 caches, 17-32 rows: two 16-row
@@ -112,9 +115,10 @@ void run_split(DecodeParams& p, bool sm90) {
           [[fallthrough]];
         case 64:
           if (!sm90) return portable::launch_decode_split<scalar_t, kFormat, 64>(p);
-          if constexpr (kFormat == CacheFormat::kAuto) {
+          if constexpr (kFormat == CacheFormat::kAuto ||
+                        (kFormat == CacheFormat::kFp8DsMla && std::is_same_v<scalar_t, __nv_bfloat16>)) {
             p.tma_tiles = make_tile_maps(p);
-            if (p.tma_tiles) return hopper::launch_decode_split_wgmma_pairs<scalar_t>(p);
+            if (p.tma_tiles) return hopper::launch_decode_split_wgmma_pairs<scalar_t, kFormat>(p);
           }
           return hopper::launch_decode_split_wgmma<scalar_t, kFormat>(p);
         default:

@@ -39,9 +39,10 @@ namespace hopper {
 // sm90/decode_split_wgmma.cu: 64 query rows, S and P V on wgmma, cp.async tiles; every format.
 template <typename T, CacheFormat kFormat>
 void launch_decode_split_wgmma(const DecodeParams& p);
-// sm90/decode_split_wgmma_pairs.cu: 64 query rows of a 16-bit cache with TMA tiles (the tensor map
-// built: p.tma_box_rows = 64, or 8, 16, 32), the key tiles taken by the two warpgroups in turns.
-template <typename T>
+// sm90/decode_split_wgmma_pairs.cu: 64 query rows of a 16-bit cache, or of fp8_ds_mla with bf16 q,
+// with TMA tiles (the tensor maps built: p.tma_box_rows = 64, or 8, 16, 32), the key tiles taken by
+// the two warpgroups in turns.
+template <typename T, CacheFormat kFormat>
 void launch_decode_split_wgmma_pairs(const DecodeParams& p);
 }  // namespace hopper
 

@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(WgmmaSplitConfig::kThreads, 1) decode_split_wg
       fence_accumulators(o);
     }
 
-    finish_piece<T>(p, part, req, row0, rows_here, wg, row_lo, red, o, m, l, out_scale);
+    finish_piece<T>(p, part, req, row0, rows_here, wg, row_lo, red, o, m, l, out_scale, [] { __syncthreads(); });
   }
 #else
   __trap();  // launched on sm90 only

@@ -23,17 +23,26 @@
 // two warpgroups meet four times per pair (m_a, m_b, P_a', P_b ready), always one warpgroup arriving
 // and the other waiting, each time on an mbarrier of its own. Shared memory: Q 72 KB + 2 stages of 72 KB
 // + maxima, sums and 22 mbarriers; P needs no buffer of its own.
+//
+// fp8_ds_mla (bf16 q): the same two warpgroups and copies, on e4m3 rows. A copy of dims 128 k .. + 127
+// (blocks 2k, 2k + 1) brings the group's 64 rows of 128 e4m3 bytes into block 2k + 1's space (and, for
+// group 0, the rows' four fp32 scales into the stage's scale slot); the rope block lands as bf16, as
+// for a 16-bit cache. A third warpgroup converts each group in place (e4m3 x scale, rounded once to
+// bf16, into both blocks) and arrives on the two blocks' mbarriers, so S and P V read bf16 tiles that
+// were converted once for all 64 rows, and the copies go out exactly when a 16-bit cache's would.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cmath>
 #include <type_traits>
 
+#include "common/e4m3.cuh"
 #include "common/sm80.cuh"
 #include "common/sm90/tma.cuh"
 #include "common/sm90/wgmma.cuh"
 #include "decode/decode.h"
 #include "decode/kernels.h"
+#include "decode/portable/decode_split.cuh"  // dequant8_e4m3
 #include "decode/sm90/split_wgmma_common.cuh"
 #include "decode/split_common.cuh"
 
@@ -42,10 +51,17 @@ namespace mla::decode::hopper {
 using sm80::pack2;
 using sm80::smem_addr;
 
+template <CacheFormat kFormat>
 struct PairsConfig {
+  // fp8_ds_mla: e4m3 groups converted in place by a third warpgroup (see the top of the file)
+  static constexpr bool kConvert = kFormat == CacheFormat::kFp8DsMla;
   static constexpr int kRows = kWgmmaRows;
-  static constexpr int kThreads = 256;  // 2 warpgroups
+  static constexpr int kConsumerThreads = 256;                           // 2 warpgroups on the MMAs
+  static constexpr int kThreads = kConsumerThreads + (kConvert ? 128 : 0);  // + the converter
+  // Registers per thread after setmaxnreg (kConvert; 168 each at launch): (232 + 232 + 40) x 128 = 64 K.
+  static constexpr int kConsumerRegs = 232, kConverterRegs = 40;
   static constexpr int kBlocks = 9;     // 64-dim blocks of a 576-dim row; block 8 = the rope dims
+  static constexpr int kGroups = 4;     // fp8_ds_mla: e4m3 groups of 128 dims (blocks 2k, 2k + 1)
   static constexpr int kBlockBytes = kSwizzleBlockBytes;
   static constexpr int kTileBytes = kBlocks * kBlockBytes;
   static constexpr int kHandOffs = 4;   // m_a, m_b, P_a', P_b: one mbarrier each
@@ -56,10 +72,15 @@ struct PairsConfig {
   static constexpr int kOffMaxA = kOffK + 2 * kTileBytes;     // m_a, wg 0 -> wg 1
   static constexpr int kOffMaxB = kOffMaxA + 2 * 4 * kRows;   // m_b, wg 1 -> wg 0
   static constexpr int kOffRed = kOffMaxB + 2 * 4 * kRows;    // [2][64] fp32: row sums at the end
-  static constexpr int kOffBars = kOffRed + 2 * 4 * kRows;    // [2 stages][9 blocks] mbarriers, then the hand-offs'
-  static constexpr int kSmemBytes = kOffBars + 8 * (2 * kBlocks + kHandOffs);
+  static constexpr int kOffScales = kOffRed + 2 * 4 * kRows;  // kConvert: [2 stages][64 rows][4] fp32
+  static constexpr int kScaleStageBytes = kBlockN * 4 * kDsMlaNumTiles;
+  // [2 stages][9 blocks] mbarriers, the hand-offs', then (kConvert) [2 stages][4 groups] for the e4m3 copies
+  static constexpr int kOffBars = kOffScales + (kConvert ? 2 * kScaleStageBytes : 0);
+  static constexpr int kNumBars = 2 * kBlocks + kHandOffs + (kConvert ? 2 * kGroups : 0);
+  static constexpr int kSmemBytes = kOffBars + 8 * kNumBars;
   static constexpr int kSmemLaunchBytes = kSmemBytes + 1024;  // + base alignment of the swizzle atoms
-  static_assert(kBlockN == 64 && kOffBars % 8 == 0);
+  static_assert(kBlockN == 64 && kOffBars % 8 == 0 && kDsMlaNumTiles == kGroups);
+  static_assert(kConsumerRegs * kConsumerThreads + kConverterRegs * 128 <= 64 * 1024);
   static_assert(kSmemLaunchBytes <= 227 * 1024, "shared memory budget of sm90");
 };
 
@@ -74,21 +95,38 @@ struct PairsConfig {
 // racecheck reported the warpgroup 1 -> 0 hand-offs as races, as it does for such a hand-off in a
 // kernel of its own: the tool does not order bar.arrive before bar.sync.)
 enum PairsHandOff : int { kMaxA = 0, kMaxB = 1, kPa = 2, kPb = 3 };
-// The only named barriers left: within one warpgroup (0 is __syncthreads).
+// The only named barriers left: within one warpgroup (0 is __syncthreads), and of the two MMA
+// warpgroups where a converter runs beside them.
 inline constexpr int kBarZero0 = 1;  // + wg
+inline constexpr int kBarConsumers = 3;
+
+// setmaxnreg: a warpgroup's registers per thread from here on (the converter gives, the MMA
+// warpgroups take).
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
 
 // kPageBoxes: a 64-key tile is 64 / p.tma_box_rows pages (block sizes 8, 16, 32), each copied as its
 // own box; else one box of 64 rows of a page of whole tiles.
-template <typename T, bool kPageBoxes>
-__global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_pairs_kernel(const __grid_constant__ DecodeParams p) {
+template <typename T, CacheFormat kFormat, bool kPageBoxes>
+__global__ void __launch_bounds__(PairsConfig<kFormat>::kThreads, 1)
+    decode_split_wgmma_pairs_kernel(const __grid_constant__ DecodeParams p) {
 #if MLA_SM90A
-  using C = PairsConfig;
+  using C = PairsConfig<kFormat>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  constexpr bool kConvert = C::kConvert;
+  static_assert(!kConvert || kBf16, "fp8_ds_mla rope dims are copied as they are: bf16 q only");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* const smem = sm90::align_to_swizzle_atom(smem_raw);
   float* const max_a = reinterpret_cast<float*>(smem + C::kOffMaxA);
   float* const max_b = reinterpret_cast<float*>(smem + C::kOffMaxB);
   float* const red = reinterpret_cast<float*>(smem + C::kOffRed);
+  const float* const scales = reinterpret_cast<const float*>(smem + C::kOffScales);  // kConvert
   const uint32_t q_base = smem_addr(smem + C::kOffQ), k_base = smem_addr(smem + C::kOffK);
   const uint32_t bars = smem_addr(smem + C::kOffBars);
 
@@ -113,12 +151,84 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
   auto bar = [&](int stage, int b) { return bars + 8 * (stage * C::kBlocks + b); };
   const uint32_t hand_off_bars = bars + 8 * 2 * C::kBlocks;
   auto hand_off = [&](PairsHandOff h) { return hand_off_bars + 8 * h; };
+  const uint32_t group_bars = hand_off_bars + 8 * C::kHandOffs;  // kConvert
+  auto group_bar = [&](int stage, int k) { return group_bars + 8 * (stage * C::kGroups + k); };
   if (tid == 0) {
-    for (int i = 0; i < 2 * C::kBlocks; ++i) mbar_init(bars + 8 * i, 1);
+    // A block's rows: one TMA arrival with its bytes; kConvert: blocks 0-7 the converter's 128 threads.
+    for (int i = 0; i < 2 * C::kBlocks; ++i) mbar_init(bars + 8 * i, kConvert && i % C::kBlocks < 8 ? 128 : 1);
     for (int h = 0; h < C::kHandOffs; ++h) mbar_init(hand_off_bars + 8 * h, 128);
+    if constexpr (kConvert)
+      for (int i = 0; i < 2 * C::kGroups; ++i) mbar_init(group_bars + 8 * i, 1);
     mbar_init_fence();
   }
-  __syncthreads();
+  __syncthreads();  // (the last barrier of all three warpgroups; the MMA warpgroups' own: consumers_sync)
+  auto consumers_sync = [] {
+    if constexpr (kConvert) sm80::named_barrier(kBarConsumers, C::kConsumerThreads);
+    else __syncthreads();
+  };
+
+  if constexpr (kConvert) {
+    if (wg == 2) {
+      // The converter: the e4m3 groups in the order the MMA warpgroups copy them (the first pair's
+      // tiles whole at a piece's start; per pair: the next a's group 0-1, the next b's 0-1 and 2-3, the
+      // next a's 2-3), so that it never waits on a copy that waits on a later conversion. Warp w takes
+      // rows 16 w .. + 15 of a group, lane l row 16 w + l % 16 and raw chunks l / 16 + 2 j (16 e4m3
+      // each; chunk c of row r sits at 16 (c ^ (r % 8)), swizzled as it landed): eight rows per
+      // quarter warp, no bank conflicts either way. Chunks 0-3 become block 2k, which holds no raw
+      // bytes; chunks 4-7 block 2k + 1 itself, once the whole warp has read its rows.
+      setmaxnreg_dec<C::kConverterRegs>();
+      const uint32_t r = 16 * (warp % 4) + lane % 16, c0 = lane / 16, rx = r % 8;
+      // Byte offsets in a row: raw chunks c0 + 2 j (j = 0..3), output chunk pairs 2 c0 + 4 j (+ 1),
+      // the same in both blocks (few registers: the converter runs on 40).
+      uint32_t raw_at[4], out_at[2][2];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) raw_at[j] = r * 128 + (((c0 + 2 * j) ^ rx) << 4);
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) out_at[j][h] = r * 128 + (((2 * c0 + 4 * j + h) ^ rx) << 4);
+      uint32_t group_phase[2] = {0u, 0u};  // by stage: tiles converted there so far, parity
+      auto convert = [&](int stage, int k) {
+        mbar_wait(group_bar(stage, k), group_phase[stage]);
+        const uint32_t lo_block = k_base + stage * C::kTileBytes + 2 * k * C::kBlockBytes, hi_block = lo_block + C::kBlockBytes;
+        const float scale = scales[stage * (C::kScaleStageBytes / 4) + r * kDsMlaNumTiles + k];
+        auto store = [&](uint32_t block, int j, const uint4& v) {  // raw chunk 2 j + c0 (+ 4) -> two output chunks
+          const uint4 a = portable::dequant8_e4m3<T, true>(make_uint2(v.x, v.y), scale);
+          const uint4 b = portable::dequant8_e4m3<T, true>(make_uint2(v.z, v.w), scale);
+          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(block + out_at[j][0]), "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w) : "memory");
+          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(block + out_at[j][1]), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w) : "memory");
+        };
+        auto load = [&](int j) {
+          uint4 v;
+          asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(hi_block + raw_at[j]) : "memory");
+          return v;
+        };
+        const uint4 lo0 = load(0), lo1 = load(1), hi0 = load(2), hi1 = load(3);
+        store(lo_block, 0, lo0);
+        store(lo_block, 1, lo1);
+        __syncwarp();  // the warp's rows read: block 2k + 1 may be overwritten
+        store(hi_block, 0, hi0);
+        store(hi_block, 1, hi1);
+        fence_proxy_async_smem();  // st.shared -> the MMA warpgroups' wgmma
+        mbar_arrive(bar(stage, 2 * k));
+        mbar_arrive(bar(stage, 2 * k + 1));
+        if (k == C::kGroups - 1) group_phase[stage] ^= 1;
+      };
+      for (int req = part.begin_req; req <= part.end_req; ++req) {
+        const int num_tiles = part_piece(p, part, req).num_tiles;
+        for (int i = 0; i < min(num_tiles, 2); ++i)
+          for (int k = 0; k < C::kGroups; ++k) convert(i, k);
+        for (int i = 0; i < num_tiles; i += 2) {
+          if (i + 2 < num_tiles) convert(0, 0), convert(0, 1);
+          if (i + 3 < num_tiles)
+            for (int k = 0; k < C::kGroups; ++k) convert(1, k);
+          if (i + 2 < num_tiles) convert(0, 2), convert(0, 3);
+        }
+      }
+      return;
+    }
+    setmaxnreg_inc<C::kConsumerRegs>();
+  }
   uint32_t phase = 0;       // parity of the mbarriers of stage wg (the one this warpgroup computes S on)
   uint32_t pair_phase = 0;  // parity of the hand-offs: pairs so far, over all pieces
 
@@ -128,6 +238,10 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
     const int32_t* bt = piece.bt;
     int lim[2];  // keys each of this thread's two rows may see (past kv_len: never loaded)
     row_key_limits(p, row0, rows_here, row_lo, seq_len, kv_len, lim);
+    // mask_scores' whole-tile bound: the rows' limits, a padding row (limit 0) counted as seeing every
+    // key of the piece, so that warps holding padding rows skip the per-key tests as well (zero Q rows:
+    // on such a tile their scores are 0; padding rows are never written).
+    const int whole_tile_lim = min(row_lo < rows_here ? lim[0] : kv_len, row_lo + 8 < rows_here ? lim[1] : kv_len);
 
     auto page_ok = [&](int page) { return page >= 0 && page < p.num_blocks; };
     // Where tile i's rows come from. tile_page(i), read a pair ahead: whole pages: the tile's page (-1
@@ -162,27 +276,54 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
     // Whole pages: one thread per call; page boxes: all 4 warps of a warpgroup, page j copied by lane j
     // of warp j % 4 (a TMA copy takes uniform registers: a warp issues those of several lanes one lane
     // at a time, and its warpgroup's next wgmma waits for it).
+    // kConvert: blocks 2k, 2k + 1 are e4m3 group k, copied into block 2k + 1 (with the scales for k = 0)
+    // and counted on the group's mbarrier; the rope block is bf16 from byte 528 of the row.
     auto copy_blocks = [&](int i, int page, int stage, int b0, int b1) {
+      // Block b's copy: bytes per row, mbarrier, row x offset, where it lands; false: nothing to copy.
+      auto block_copy = [&](int b, uint32_t& bar_b, int& x, uint32_t& dst) {
+        dst = k_base + stage * C::kTileBytes + b * C::kBlockBytes;
+        if constexpr (kConvert) {
+          if (b % 2 == 1 && b < 8) return false;  // with block b - 1
+          bar_b = b == 8 ? bar(stage, 8) : group_bar(stage, b / 2);
+          x = b == 8 ? kDsMlaRopeOffset : 64 * b;
+          if (b < 8) dst += C::kBlockBytes;
+        } else {
+          bar_b = bar(stage, b);
+          x = 128 * b;
+        }
+        return true;
+      };
+      const uint32_t scale_dst = smem_addr(smem + C::kOffScales) + stage * C::kScaleStageBytes;
       if constexpr (kPageBoxes) {
         const int rows = p.tma_box_rows;
         const bool ok = page_ok(page);
-        const uint32_t bytes = __popc(__ballot_sync(0xffffffffu, ok)) * rows * 128;
+        const uint32_t pages = __popc(__ballot_sync(0xffffffffu, ok));
         const bool mine = ok && lane % 4 == warp % 4;
         for (int b = b0; b < b1; ++b) {
-          if (tid % 128 == 0) mbar_arrive_expect_tx(bar(stage, b), bytes);
-          if (mine)
-            sm90::tma_load_3d(k_base + stage * C::kTileBytes + b * C::kBlockBytes + lane * rows * 128, &p.kv_map, bar(stage, b),
-                              128 * b, 0, page);
+          uint32_t bar_b, dst;
+          int x;
+          if (!block_copy(b, bar_b, x, dst)) continue;
+          const bool scales_too = kConvert && b == 0;
+          if (tid % 128 == 0) mbar_arrive_expect_tx(bar_b, pages * rows * (scales_too ? 128 + 16 : 128));
+          if (mine) {
+            sm90::tma_load_3d(dst + lane * rows * 128, &p.kv_map, bar_b, x, 0, page);
+            if (scales_too) sm90::tma_load_3d(scale_dst + lane * rows * 16, &p.scale_map, bar_b, 0, 0, page);
+          }
         }
       } else {
         const int k0 = (tile_begin + i) * kBlockN;
         const int row = p.block_div.mod(k0, p.block_div.div(k0));
         for (int b = b0; b < b1; ++b) {
+          uint32_t bar_b, dst;
+          int x;
+          if (!block_copy(b, bar_b, x, dst)) continue;
+          const bool scales_too = kConvert && b == 0;
           if (page_ok(page)) {
-            mbar_arrive_expect_tx(bar(stage, b), C::kBlockBytes);
-            sm90::tma_load_3d(k_base + stage * C::kTileBytes + b * C::kBlockBytes, &p.kv_map, bar(stage, b), 128 * b, row, page);
+            mbar_arrive_expect_tx(bar_b, scales_too ? C::kBlockBytes + C::kScaleStageBytes : C::kBlockBytes);
+            sm90::tma_load_3d(dst, &p.kv_map, bar_b, x, row, page);
+            if (scales_too) sm90::tma_load_3d(scale_dst, &p.scale_map, bar_b, 0, row, page);
           } else {
-            mbar_arrive(bar(stage, b));
+            mbar_arrive(bar_b);
           }
         }
       }
@@ -205,13 +346,13 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
     };
     // S of tile i (scores s[4 j + e]: row row_lo + 8 (e / 2), key 8 j + 2 qd + e % 2): masked (select:
     // a masked score never becomes NaN) and scaled to the exp2 domain; mx = the rows' maxima. A tile whose
-    // keys all lie in copied pages and below both rows' limits (every tile but a piece's last and, for
-    // s_q > 1, the causal edge) skips the per-key tests: they sit between one warpgroup's S and the P V
-    // that the other warpgroup waits for (h_q 64-128: 2-5% of the kernel's time).
+    // keys all lie in copied pages and below both rows' limits (whole_tile_lim: every tile but a piece's
+    // last and, for s_q > 1, the causal edge) skips the per-key tests: they sit between one warpgroup's S
+    // and the P V that the other warpgroup waits for (h_q 64-128: 2-5% of the kernel's time).
     auto mask_scores = [&](float (&s)[32], int i, int src, float (&mx)[2]) {
       const int pos0 = (tile_begin + i) * kBlockN + 2 * qd;
       const bool tile_ok = page_ok(src);  // (whole pages)
-      if (all_ok(src) && (tile_begin + i + 1) * kBlockN <= min(lim[0], lim[1])) {
+      if (all_ok(src) && (tile_begin + i + 1) * kBlockN <= whole_tile_lim) {
 #pragma unroll
         for (int e = 0; e < 32; ++e) {
           s[e] *= score_scale;
@@ -322,7 +463,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
     int src[2] = {tile_src(page[0]), tile_src(page[1])};
 
     if (num_tiles > 0) {
-      load_q_rows<T, C::kRows, C::kThreads>(p, req, row0, rows_here, tid, q_base, [](int r, int c) { return sw128(r, c); });
+      load_q_rows<T, C::kRows, C::kConsumerThreads>(p, req, row0, rows_here, tid, q_base, [](int r, int c) { return sw128(r, c); });
       sm80::cp_async_commit();
       if (kPageBoxes ? wg == 0 : tid == 0) {  // warpgroup 0's issuer
         copy_blocks(0, page[0], 0, 0, C::kBlocks);
@@ -331,7 +472,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
       sm80::cp_async_wait<0>();
       fence_proxy_async_smem();  // Q (cp.async, generic proxy) -> wgmma
     }
-    __syncthreads();
+    consumers_sync();
     if (wg < num_tiles) {  // S of tile wg
       issue_s(s, 0, C::kBlocks, true);
       sm90::wgmma_wait<0>();
@@ -442,7 +583,7 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
       pair_phase ^= 1;
     }
 
-    finish_piece<T>(p, part, req, row0, rows_here, wg, row_lo, red, o, m, l, 1.f);
+    finish_piece<T>(p, part, req, row0, rows_here, wg, row_lo, red, o, m, l, 1.f, consumers_sync);
   }
 #else
   __trap();  // launched on sm90 only
@@ -450,17 +591,18 @@ __global__ void __launch_bounds__(PairsConfig::kThreads, 1) decode_split_wgmma_p
 }
 
 // p.tma_box_rows: 64 (pages of whole tiles) or 8, 16, 32 (tiles of whole pages).
-template <typename T>
+template <typename T, CacheFormat kFormat>
 void launch_decode_split_wgmma_pairs(const DecodeParams& p) {
-  using C = PairsConfig;
+  using C = PairsConfig<kFormat>;
   const char* what = "sm90 wgmma decode kernel (tile pairs)";
   if (p.tma_box_rows == kBlockN)
-    launch_split_kernel(&decode_split_wgmma_pairs_kernel<T, false>, C::kThreads, C::kSmemLaunchBytes, what, p);
+    launch_split_kernel(&decode_split_wgmma_pairs_kernel<T, kFormat, false>, C::kThreads, C::kSmemLaunchBytes, what, p);
   else
-    launch_split_kernel(&decode_split_wgmma_pairs_kernel<T, true>, C::kThreads, C::kSmemLaunchBytes, what, p);
+    launch_split_kernel(&decode_split_wgmma_pairs_kernel<T, kFormat, true>, C::kThreads, C::kSmemLaunchBytes, what, p);
 }
 
-template void launch_decode_split_wgmma_pairs<__nv_bfloat16>(const DecodeParams&);
-template void launch_decode_split_wgmma_pairs<__half>(const DecodeParams&);
+template void launch_decode_split_wgmma_pairs<__nv_bfloat16, CacheFormat::kAuto>(const DecodeParams&);
+template void launch_decode_split_wgmma_pairs<__half, CacheFormat::kAuto>(const DecodeParams&);
+template void launch_decode_split_wgmma_pairs<__nv_bfloat16, CacheFormat::kFp8DsMla>(const DecodeParams&);
 
 }  // namespace mla::decode::hopper

@@ -51,11 +51,12 @@ __device__ __forceinline__ void row_key_limits(const DecodeParams& p, int row0, 
 // [2][64] fp32, free when this is called), then out and lse, or the normalised partials and their
 // log2-domain lse when the request is split. m: the rows' exp2-domain maxima (the same in both
 // warpgroups); out_scale multiplies the output (fp8's per-tensor scale, else 1). Ends with a barrier:
-// the next piece may reuse every shared buffer.
-template <typename T>
+// the next piece may reuse every shared buffer. sync(): a barrier of the two warpgroups (the CTA's
+// __syncthreads, or a named barrier where other warps run beside them).
+template <typename T, typename Sync>
 __device__ __forceinline__ void finish_piece(const DecodeParams& p, const SchedulePart& part, int req, int row0,
                                              int rows_here, int wg, int row_lo, float* red, const float (&o)[2][64],
-                                             const float (&m)[2], const float (&l)[2], float out_scale) {
+                                             const float (&m)[2], const float (&l)[2], float out_scale, Sync sync) {
   const int qd = threadIdx.x % 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -64,7 +65,7 @@ __device__ __forceinline__ void finish_piece(const DecodeParams& p, const Schedu
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     if (qd == 0) red[wg * kWgmmaRows + row_lo + 8 * h] = sum;
   }
-  __syncthreads();
+  sync();
   const int num_splits = p.split_info[req * kSplitInfoFields + 0];
   const int64_t slot = partial_slot(p, part, req, num_splits);
 #pragma unroll
@@ -96,7 +97,7 @@ __device__ __forceinline__ void finish_piece(const DecodeParams& p, const Schedu
       else p.partial_lse[slot * p.num_rows + g] = lse2;
     }
   }
-  __syncthreads();
+  sync();
 }
 
 }  // namespace mla::decode::hopper
