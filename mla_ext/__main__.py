@@ -41,7 +41,7 @@ def _environment() -> bool:
     print("kernel paths: portable (mma.sync, cp.async) for every op"
           + (" (MLA_EXT_FORCE_PORTABLE set)" if forced else "")
           + ("; sm90-specific: decode (fp8 caches with <= 32 rows: QK^T on wgmma, TMA tiles; every format"
-             " with > 32 rows: wgmma, 16-bit caches copied by TMA in tile pairs), sparse fp8_ds_mla"
+             " with > 32 rows: wgmma, 16-bit and fp8_ds_mla caches copied by TMA in tile pairs), sparse fp8_ds_mla"
              " (wgmma for 64-head tiles, bulk-copy gather), v_up (wgmma, large T)" if sm90 else ""))
     return True
 

@@ -30,6 +30,17 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(bar) : "memory");
 }
+// Whether the phase with parity `parity` has completed (acquire: what completed it is visible to this
+// thread when it has), without waiting.
+__device__ __forceinline__ bool mbar_test_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
 // Spins until the phase with parity `parity` has completed. A fresh barrier counts as having
 // completed the phase of parity 1, so a producer's first wait on an "empty" barrier passes.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {

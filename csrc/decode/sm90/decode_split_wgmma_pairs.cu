@@ -22,14 +22,14 @@
 // Every stage has an mbarrier per 64-dim block, so S starts on the blocks that have landed. The
 // two warpgroups meet four times per pair (m_a, m_b, P_a', P_b ready), always one warpgroup arriving
 // and the other waiting, each time on an mbarrier of its own. Shared memory: Q 72 KB + 2 stages of 72 KB
-// + maxima, sums and 22 mbarriers; P needs no buffer of its own.
+// + maxima, sums and 22 mbarriers (fp8_ds_mla: + 4 KB of scales, 8 more); P needs no buffer of its own.
 //
 // fp8_ds_mla (bf16 q): the same two warpgroups and copies, on e4m3 rows. A copy of dims 128 k .. + 127
-// (blocks 2k, 2k + 1) brings the group's 64 rows of 128 e4m3 bytes into block 2k + 1's space (and, for
-// group 0, the rows' four fp32 scales into the stage's scale slot); the rope block lands as bf16, as
-// for a 16-bit cache. A third warpgroup converts each group in place (e4m3 x scale, rounded once to
-// bf16, into both blocks) and arrives on the two blocks' mbarriers, so S and P V read bf16 tiles that
-// were converted once for all 64 rows, and the copies go out exactly when a 16-bit cache's would.
+// (blocks 2k, 2k + 1) brings the group's 64 rows of 128 e4m3 bytes into block 2k + 1's space (groups 0
+// and 2 also the rows' four fp32 scales); the rope block lands as bf16, as for a 16-bit cache. A third
+// warpgroup converts each group in place as it lands (e4m3 x scale in fp32, rounded to bf16, into both
+// blocks) and arrives on the two blocks' mbarriers, so S and P V read bf16 tiles that were converted
+// once for all 64 rows, and the copies go out exactly when a 16-bit cache's would.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -72,10 +72,12 @@ struct PairsConfig {
   static constexpr int kOffMaxA = kOffK + 2 * kTileBytes;     // m_a, wg 0 -> wg 1
   static constexpr int kOffMaxB = kOffMaxA + 2 * 4 * kRows;   // m_b, wg 1 -> wg 0
   static constexpr int kOffRed = kOffMaxB + 2 * 4 * kRows;    // [2][64] fp32: row sums at the end
-  static constexpr int kOffScales = kOffRed + 2 * 4 * kRows;  // kConvert: [2 stages][64 rows][4] fp32
-  static constexpr int kScaleStageBytes = kBlockN * 4 * kDsMlaNumTiles;
+  // kConvert: [2 stages][2 slots][64 rows][4] fp32, the rows' scales copied with groups 0 and 2 (slot
+  // 0 for groups 0-1, 1 for groups 2-3: each pair of groups may land first)
+  static constexpr int kOffScales = kOffRed + 2 * 4 * kRows;
+  static constexpr int kScaleSlotBytes = kBlockN * 4 * kDsMlaNumTiles;
   // [2 stages][9 blocks] mbarriers, the hand-offs', then (kConvert) [2 stages][4 groups] for the e4m3 copies
-  static constexpr int kOffBars = kOffScales + (kConvert ? 2 * kScaleStageBytes : 0);
+  static constexpr int kOffBars = kOffScales + (kConvert ? 4 * kScaleSlotBytes : 0);
   static constexpr int kNumBars = 2 * kBlocks + kHandOffs + (kConvert ? 2 * kGroups : 0);
   static constexpr int kSmemBytes = kOffBars + 8 * kNumBars;
   static constexpr int kSmemLaunchBytes = kSmemBytes + 1024;  // + base alignment of the swizzle atoms
@@ -169,13 +171,14 @@ __global__ void __launch_bounds__(PairsConfig<kFormat>::kThreads, 1)
 
   if constexpr (kConvert) {
     if (wg == 2) {
-      // The converter: the e4m3 groups in the order the MMA warpgroups copy them (the first pair's
-      // tiles whole at a piece's start; per pair: the next a's group 0-1, the next b's 0-1 and 2-3, the
-      // next a's 2-3), so that it never waits on a copy that waits on a later conversion. Warp w takes
-      // rows 16 w .. + 15 of a group, lane l row 16 w + l % 16 and raw chunks l / 16 + 2 j (16 e4m3
-      // each; chunk c of row r sits at 16 (c ^ (r % 8)), swizzled as it landed): eight rows per
-      // quarter warp, no bank conflicts either way. Chunks 0-3 become block 2k, which holds no raw
-      // bytes; chunks 4-7 block 2k + 1 itself, once the whole warp has read its rows.
+      // The converter: each of its warps converts its rows of a pair's groups (the next a's in stage 0,
+      // the next b's in stage 1; at a piece's start its first two tiles) in the order their copies land,
+      // stage 0's first where several have: the copies go out as the MMA warpgroups free the blocks,
+      // and neither a fixed order nor a wait for one group while another has landed would keep up with
+      // them. Warp w takes rows 16 w .. + 15 of a group, lane l row 16 w + l % 16 and raw chunks l / 16
+      // + 2 j (16 e4m3 each; chunk c of row r sits at 16 (c ^ (r % 8)), swizzled as it landed): eight
+      // rows per quarter warp, no bank conflicts either way. Chunks 0-3 become block 2k, which holds no
+      // raw bytes; chunks 4-7 block 2k + 1 itself, once the whole warp has read its rows.
       setmaxnreg_dec<C::kConverterRegs>();
       const uint32_t r = 16 * (warp % 4) + lane % 16, c0 = lane / 16, rx = r % 8;
       // Byte offsets in a row: raw chunks c0 + 2 j (j = 0..3), output chunk pairs 2 c0 + 4 j (+ 1),
@@ -188,10 +191,9 @@ __global__ void __launch_bounds__(PairsConfig<kFormat>::kThreads, 1)
 #pragma unroll
         for (int h = 0; h < 2; ++h) out_at[j][h] = r * 128 + (((2 * c0 + 4 * j + h) ^ rx) << 4);
       uint32_t group_phase[2] = {0u, 0u};  // by stage: tiles converted there so far, parity
-      auto convert = [&](int stage, int k) {
-        mbar_wait(group_bar(stage, k), group_phase[stage]);
+      auto convert = [&](int stage, int k) {  // group k of `stage`, landed
         const uint32_t lo_block = k_base + stage * C::kTileBytes + 2 * k * C::kBlockBytes, hi_block = lo_block + C::kBlockBytes;
-        const float scale = scales[stage * (C::kScaleStageBytes / 4) + r * kDsMlaNumTiles + k];
+        const float scale = scales[(stage * 2 + k / 2) * (C::kScaleSlotBytes / 4) + r * kDsMlaNumTiles + k];
         auto store = [&](uint32_t block, int j, const uint4& v) {  // raw chunk 2 j + c0 (+ 4) -> two output chunks
           const uint4 a = portable::dequant8_e4m3<T, true>(make_uint2(v.x, v.y), scale);
           const uint4 b = portable::dequant8_e4m3<T, true>(make_uint2(v.z, v.w), scale);
@@ -212,18 +214,31 @@ __global__ void __launch_bounds__(PairsConfig<kFormat>::kThreads, 1)
         fence_proxy_async_smem();  // st.shared -> the MMA warpgroups' wgmma
         mbar_arrive(bar(stage, 2 * k));
         mbar_arrive(bar(stage, 2 * k + 1));
-        if (k == C::kGroups - 1) group_phase[stage] ^= 1;
+      };
+      // The groups of `pending` (bit 4 stage + k), each once it has landed (every lane saw it: each
+      // acquired the copy); then those stages' next tiles.
+      auto convert_landed = [&](uint32_t pending) {
+        const uint32_t stages = ((pending & 0x0fu) ? 1u : 0u) | ((pending & 0xf0u) ? 2u : 0u);
+        while (pending != 0) {
+          for (int t = 0; t < 2 * C::kGroups; ++t) {
+            const int stage = t / C::kGroups, k = t % C::kGroups;
+            // (an odd group after the even one, whose copy brought the pair's scales)
+            const bool ready = ((pending >> t) & 1u) && !(k % 2 == 1 && ((pending >> (t - 1)) & 1u));
+            if (ready && __all_sync(0xffffffffu, mbar_test_wait(group_bar(stage, k), group_phase[stage]))) {
+              convert(stage, k);
+              pending &= ~(1u << t);
+              break;
+            }
+          }
+        }
+        group_phase[0] ^= stages & 1u;
+        group_phase[1] ^= stages >> 1;
       };
       for (int req = part.begin_req; req <= part.end_req; ++req) {
         const int num_tiles = part_piece(p, part, req).num_tiles;
-        for (int i = 0; i < min(num_tiles, 2); ++i)
-          for (int k = 0; k < C::kGroups; ++k) convert(i, k);
-        for (int i = 0; i < num_tiles; i += 2) {
-          if (i + 2 < num_tiles) convert(0, 0), convert(0, 1);
-          if (i + 3 < num_tiles)
-            for (int k = 0; k < C::kGroups; ++k) convert(1, k);
-          if (i + 2 < num_tiles) convert(0, 2), convert(0, 3);
-        }
+        convert_landed((num_tiles > 0 ? 0x0fu : 0u) | (num_tiles > 1 ? 0xf0u : 0u));
+        for (int i = 0; i < num_tiles; i += 2)
+          convert_landed((i + 2 < num_tiles ? 0x0fu : 0u) | (i + 3 < num_tiles ? 0xf0u : 0u));
       }
       return;
     }
@@ -276,7 +291,7 @@ __global__ void __launch_bounds__(PairsConfig<kFormat>::kThreads, 1)
     // Whole pages: one thread per call; page boxes: all 4 warps of a warpgroup, page j copied by lane j
     // of warp j % 4 (a TMA copy takes uniform registers: a warp issues those of several lanes one lane
     // at a time, and its warpgroup's next wgmma waits for it).
-    // kConvert: blocks 2k, 2k + 1 are e4m3 group k, copied into block 2k + 1 (with the scales for k = 0)
+    // kConvert: blocks 2k, 2k + 1 are e4m3 group k, copied into block 2k + 1 (groups 0 and 2 with the scales)
     // and counted on the group's mbarrier; the rope block is bf16 from byte 528 of the row.
     auto copy_blocks = [&](int i, int page, int stage, int b0, int b1) {
       // Block b's copy: bytes per row, mbarrier, row x offset, where it lands; false: nothing to copy.
@@ -293,7 +308,7 @@ __global__ void __launch_bounds__(PairsConfig<kFormat>::kThreads, 1)
         }
         return true;
       };
-      const uint32_t scale_dst = smem_addr(smem + C::kOffScales) + stage * C::kScaleStageBytes;
+      auto scale_dst = [&](int b) { return smem_addr(smem + C::kOffScales) + (stage * 2 + b / 4) * C::kScaleSlotBytes; };
       if constexpr (kPageBoxes) {
         const int rows = p.tma_box_rows;
         const bool ok = page_ok(page);
@@ -303,11 +318,11 @@ __global__ void __launch_bounds__(PairsConfig<kFormat>::kThreads, 1)
           uint32_t bar_b, dst;
           int x;
           if (!block_copy(b, bar_b, x, dst)) continue;
-          const bool scales_too = kConvert && b == 0;
+          const bool scales_too = kConvert && b % 4 == 0 && b < 8;
           if (tid % 128 == 0) mbar_arrive_expect_tx(bar_b, pages * rows * (scales_too ? 128 + 16 : 128));
           if (mine) {
             sm90::tma_load_3d(dst + lane * rows * 128, &p.kv_map, bar_b, x, 0, page);
-            if (scales_too) sm90::tma_load_3d(scale_dst + lane * rows * 16, &p.scale_map, bar_b, 0, 0, page);
+            if (scales_too) sm90::tma_load_3d(scale_dst(b) + lane * rows * 16, &p.scale_map, bar_b, 0, 0, page);
           }
         }
       } else {
@@ -317,11 +332,11 @@ __global__ void __launch_bounds__(PairsConfig<kFormat>::kThreads, 1)
           uint32_t bar_b, dst;
           int x;
           if (!block_copy(b, bar_b, x, dst)) continue;
-          const bool scales_too = kConvert && b == 0;
+          const bool scales_too = kConvert && b % 4 == 0 && b < 8;
           if (page_ok(page)) {
-            mbar_arrive_expect_tx(bar_b, scales_too ? C::kBlockBytes + C::kScaleStageBytes : C::kBlockBytes);
+            mbar_arrive_expect_tx(bar_b, scales_too ? C::kBlockBytes + C::kScaleSlotBytes : C::kBlockBytes);
             sm90::tma_load_3d(dst, &p.kv_map, bar_b, x, row, page);
-            if (scales_too) sm90::tma_load_3d(scale_dst, &p.scale_map, bar_b, 0, row, page);
+            if (scales_too) sm90::tma_load_3d(scale_dst(b), &p.scale_map, bar_b, 0, row, page);
           } else {
             mbar_arrive(bar_b);
           }
