@@ -36,7 +36,6 @@
 #include <cmath>
 #include <type_traits>
 
-#include "common/e4m3.cuh"
 #include "common/sm80.cuh"
 #include "common/sm90/tma.cuh"
 #include "common/sm90/wgmma.cuh"
@@ -294,7 +293,7 @@ __global__ void __launch_bounds__(PairsConfig<kFormat>::kThreads, 1)
     // kConvert: blocks 2k, 2k + 1 are e4m3 group k, copied into block 2k + 1 (groups 0 and 2 with the scales)
     // and counted on the group's mbarrier; the rope block is bf16 from byte 528 of the row.
     auto copy_blocks = [&](int i, int page, int stage, int b0, int b1) {
-      // Block b's copy: bytes per row, mbarrier, row x offset, where it lands; false: nothing to copy.
+      // Block b's copy: its mbarrier, x offset in the row and where it lands; false: copied with b - 1.
       auto block_copy = [&](int b, uint32_t& bar_b, int& x, uint32_t& dst) {
         dst = k_base + stage * C::kTileBytes + b * C::kBlockBytes;
         if constexpr (kConvert) {
