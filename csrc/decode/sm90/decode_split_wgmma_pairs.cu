@@ -193,16 +193,19 @@ __global__ void __launch_bounds__(PairsConfig<kFormat>::kThreads, 1)
       auto convert = [&](int stage, int k) {  // group k of `stage`, landed
         const uint32_t lo_block = k_base + stage * C::kTileBytes + 2 * k * C::kBlockBytes, hi_block = lo_block + C::kBlockBytes;
         const float scale = scales[(stage * 2 + k / 2) * (C::kScaleSlotBytes / 4) + r * kDsMlaNumTiles + k];
-        auto store = [&](uint32_t block, int j, const uint4& v) {  // raw chunk 2 j + c0 (+ 4) -> two output chunks
-          const uint4 a = portable::dequant8_e4m3<T, true>(make_uint2(v.x, v.y), scale);
-          const uint4 b = portable::dequant8_e4m3<T, true>(make_uint2(v.z, v.w), scale);
-          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(block + out_at[j][0]), "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w) : "memory");
-          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(block + out_at[j][1]), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w) : "memory");
-        };
+        // 16-byte shared loads and stores with a memory clobber (e4m3::lds128 has none): the raw loads stay
+        // before the __syncwarp below and the in-place stores after it.
         auto load = [&](int j) {
           uint4 v;
           asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(hi_block + raw_at[j]) : "memory");
           return v;
+        };
+        auto sts128 = [](uint32_t addr, const uint4& v) {
+          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+        };
+        auto store = [&](uint32_t block, int j, const uint4& v) {  // raw chunk c0 + 2 j (+ 4) -> two output chunks
+          sts128(block + out_at[j][0], portable::dequant8_e4m3<T, true>(make_uint2(v.x, v.y), scale));
+          sts128(block + out_at[j][1], portable::dequant8_e4m3<T, true>(make_uint2(v.z, v.w), scale));
         };
         const uint4 lo0 = load(0), lo1 = load(1), hi0 = load(2), hi1 = load(3);
         store(lo_block, 0, lo0);
@@ -307,6 +310,8 @@ __global__ void __launch_bounds__(PairsConfig<kFormat>::kThreads, 1)
         }
         return true;
       };
+      // kConvert: groups 0 and 2 (blocks 0 and 4) bring the scales, into slot b / 4 of the stage.
+      auto with_scales = [](int b) { return kConvert && b % 4 == 0 && b < 8; };
       auto scale_dst = [&](int b) { return smem_addr(smem + C::kOffScales) + (stage * 2 + b / 4) * C::kScaleSlotBytes; };
       if constexpr (kPageBoxes) {
         const int rows = p.tma_box_rows;
@@ -317,7 +322,7 @@ __global__ void __launch_bounds__(PairsConfig<kFormat>::kThreads, 1)
           uint32_t bar_b, dst;
           int x;
           if (!block_copy(b, bar_b, x, dst)) continue;
-          const bool scales_too = kConvert && b % 4 == 0 && b < 8;
+          const bool scales_too = with_scales(b);
           if (tid % 128 == 0) mbar_arrive_expect_tx(bar_b, pages * rows * (scales_too ? 128 + 16 : 128));
           if (mine) {
             sm90::tma_load_3d(dst + lane * rows * 128, &p.kv_map, bar_b, x, 0, page);
@@ -331,7 +336,7 @@ __global__ void __launch_bounds__(PairsConfig<kFormat>::kThreads, 1)
           uint32_t bar_b, dst;
           int x;
           if (!block_copy(b, bar_b, x, dst)) continue;
-          const bool scales_too = kConvert && b % 4 == 0 && b < 8;
+          const bool scales_too = with_scales(b);
           if (page_ok(page)) {
             mbar_arrive_expect_tx(bar_b, scales_too ? C::kBlockBytes + C::kScaleSlotBytes : C::kBlockBytes);
             sm90::tma_load_3d(dst, &p.kv_map, bar_b, x, row, page);
