@@ -156,11 +156,12 @@ __device__ __forceinline__ uint4 x8_to_bf16x8_by_shift(uint2 w, uint32_t f1, uin
   return make_uint4(r[0], r[1], r[2], r[3]);
 }
 
-// Eight e4m3 bytes (w.x: elements 0-3) times a V4 scale -> eight bf16 (uint4, element 0 in the low
-// half of .x), through fp32: e4m3 -> fp16 -> fp32 is exact, and so are the product and its bf16
-// rounding for every power-of-two scale a writer makes (4 significant bits, fp32's exponent range).
-// The same values as x8_to_bf16x8_by_shift (which the fused V4 kernel's conversion-bound loop uses)
-// at one instruction more per pair; an e4m3 NaN byte stays NaN here (the V4 gather path).
+// Eight e4m3 bytes (w.x: elements 0-3) times an fp32 scale -> eight bf16 (uint4, element 0 in the low
+// half of .x), through fp32: e4m3 -> fp16 -> fp32 is exact, one fp32 multiply, rounded to bf16. For a
+// V4 (power-of-two) scale the product and its rounding are exact for every scale a writer makes (4
+// significant bits, fp32's exponent range): the same values as x8_to_bf16x8_by_shift at one
+// instruction more per pair; an e4m3 NaN byte stays NaN here (the V4 gather path). V3 fp8_ds_mla
+// (any fp32 scale): the sm90 64-head kernel's conversion.
 __device__ __forceinline__ uint4 x8_scaled_to_bf16x8(uint2 w, float scale) {
   uint32_t h[4], r[4];
   x4_to_f16x2x2(w.x, h[0], h[1]);

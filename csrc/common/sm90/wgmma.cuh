@@ -54,6 +54,16 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
+// setmaxnreg: a warpgroup's registers per thread from here on (warp-specialised kernels: the
+// warpgroups that convert or copy give registers, the MMA warpgroups take them).
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
 // Keeps the compiler from moving accumulator reads/writes across wgmma issue and wait.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 // fence_operand on every element of a thread's accumulators (S, or O as [2][64]).

@@ -101,17 +101,6 @@ enum PairsHandOff : int { kMaxA = 0, kMaxB = 1, kPa = 2, kPb = 3 };
 inline constexpr int kBarZero0 = 1;  // + wg
 inline constexpr int kBarConsumers = 3;
 
-// setmaxnreg: a warpgroup's registers per thread from here on (the converter gives, the MMA
-// warpgroups take).
-template <int kRegs>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-template <int kRegs>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-
 // kPageBoxes: a 64-key tile is 64 / p.tma_box_rows pages (block sizes 8, 16, 32), each copied as its
 // own box; else one box of 64 rows of a page of whole tiles.
 template <typename T, CacheFormat kFormat, bool kPageBoxes>
@@ -178,7 +167,7 @@ __global__ void __launch_bounds__(PairsConfig<kFormat>::kThreads, 1)
       // + 2 j (16 e4m3 each; chunk c of row r sits at 16 (c ^ (r % 8)), swizzled as it landed): eight
       // rows per quarter warp, no bank conflicts either way. Chunks 0-3 become block 2k, which holds no
       // raw bytes; chunks 4-7 block 2k + 1 itself, once the whole warp has read its rows.
-      setmaxnreg_dec<C::kConverterRegs>();
+      sm90::setmaxnreg_dec<C::kConverterRegs>();
       const uint32_t r = 16 * (warp % 4) + lane % 16, c0 = lane / 16, rx = r % 8;
       // Byte offsets in a row: raw chunks c0 + 2 j (j = 0..3), output chunk pairs 2 c0 + 4 j (+ 1),
       // the same in both blocks (few registers: the converter runs on 40).
@@ -244,7 +233,7 @@ __global__ void __launch_bounds__(PairsConfig<kFormat>::kThreads, 1)
       }
       return;
     }
-    setmaxnreg_inc<C::kConsumerRegs>();
+    sm90::setmaxnreg_inc<C::kConsumerRegs>();
   }
   uint32_t phase = 0;       // parity of the mbarriers of stage wg (the one this warpgroup computes S on)
   uint32_t pair_phase = 0;  // parity of the hand-offs: pairs so far, over all pieces

@@ -1,9 +1,8 @@
-// Pieces of the sm90 64-head sparse kernels (V3 fp8_ds_mla: 64-key tiles, DeepSeek-V4 fused: 32-key
-// steps) that do not depend on the cache format: the exchange of the two warpgroups' partial S, the
-// online softmax of one tile of kKeys keys, and the epilogue. All use the wgmma m64nN accumulator
-// layout: element 4 i + e of a thread (kKeys / 2 of them) is row 16 wq + lane / 4 + 8 (e / 2),
-// column 8 i + 2 qd + e % 2 (wq = warp in the warpgroup, qd = lane % 4), so a row's keys sit in one
-// quad of lanes.
+// Pieces of the sm90 64-head sparse kernels (V3 fp8_ds_mla and DeepSeek-V4, sparse_decode_sm90_fp8.cu)
+// that do not depend on the cache format: the online softmax of one tile of kKeys keys and the
+// epilogue. Both use the wgmma m64nN accumulator layout: element 4 i + e of a thread (kKeys / 2 of
+// them) is row 16 wq + lane / 4 + 8 (e / 2), column 8 i + 2 qd + e % 2 (wq = warp in the warpgroup,
+// qd = lane % 4), so a row's keys sit in one quad of lanes.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,24 +15,6 @@
 #include "sparse/sparse_decode.h"
 
 namespace mla::sparse::m64 {
-
-// Full S = own partial + the other warpgroup's, through shared memory (s_red: [2][kVals / 4][128]
-// float4). Thread tid_wg of either warpgroup holds the same rows and keys, and a + b == b + a, so
-// both warpgroups hold bit-identical S and make identical softmax decisions. float4 per thread and
-// step: a warp's 32 stores are 512 contiguous bytes (no bank conflicts). Contains a __syncthreads.
-template <int kVals>
-__device__ __forceinline__ void sum_partial_s(float (&sc)[kVals], float* s_red, int wg, int tid_wg) {
-  constexpr int kSteps = kVals / 4;
-  float4* red = reinterpret_cast<float4*>(s_red);
-#pragma unroll
-  for (int j = 0; j < kSteps; ++j) red[(wg * kSteps + j) * 128 + tid_wg] = make_float4(sc[4 * j], sc[4 * j + 1], sc[4 * j + 2], sc[4 * j + 3]);
-  __syncthreads();
-#pragma unroll
-  for (int j = 0; j < kSteps; ++j) {
-    const float4 v = red[((1 - wg) * kSteps + j) * 128 + tid_wg];
-    sc[4 * j] += v.x, sc[4 * j + 1] += v.y, sc[4 * j + 2] += v.z, sc[4 * j + 3] += v.w;
-  }
-}
 
 // Online softmax of one tile (exp2 domain; sc: kVals = keys / 2 values): S becomes P = 2^(s row_scale - m) in place, masked keys
 // (valid[key] == 0) 0; m_run and l_run (this thread's share of the row sum) advance, corr is the

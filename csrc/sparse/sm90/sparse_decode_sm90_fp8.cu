@@ -1,29 +1,30 @@
-// Sparse top-k MLA decode on sm90a: fp8_ds_mla cache, 64-head tiles, wgmma.
+// Sparse top-k MLA decode on sm90a: fp8_ds_mla cache, 64-head tiles, three warpgroups.
 //
 // Same contract and grid as the portable 64-head kernel (csrc/sparse/README.md): one CTA = one
-// query token, 64 heads, one split of the top-k list; 256 threads; 64-key tiles gathered into one
-// staging buffer (one cp.async.bulk per 656-byte row, lanes 0-7 of every warp, completion counted
-// by an mbarrier), then dequantised e4m3 -> fp16 (exact, no scale) into one K tile. What changes is the
-// math, which the portable kernel runs as mma.sync with ldmatrix of both operands per warp
-// (Nsight Compute: issue-bound around shared loads, ~430 KB of operand reads per tile):
+// query token, 64 heads, one split of the top-k list; 64-key tiles through two bf16 K stages.
+// Warp-specialised, so that the gather and the conversion of tile t + 1 run while tile t's MMAs do:
 //
-//   S = Q K^T   warpgroup g (threads 128 g ..) takes the dims of scale tiles 2g, 2g + 1 and
-//               rope dims 32 g .. + 31 for all 64 heads x 64 keys: wgmma m64n64k16 with both
-//               operands in shared memory (read once per warpgroup by the hardware). Each
-//               scale tile accumulates on its own and is multiplied by its keys' fp32 scale
-//               (scales stay out of the operands, as in the portable kernel); rope (bf16) adds
-//               unscaled. The two warpgroups' partial S meet through shared memory (each thread
-//               reads the other warpgroup's value at its own position), so both then hold the
-//               full S and run the same softmax: a row's 64 keys sit in one quad of lanes, the
-//               row max needs two shuffles and no barrier.
-//   O += P V    warpgroup g owns output columns 256 g .. + 255 (value scale tiles 2g, 2g + 1),
-//               O in registers (2 x 64 fp32 per thread). A = P' = P scale[k, vt] / R_vt in fp16
-//               straight from the softmax registers (the accumulator layout is the A fragment
-//               layout), B = V read from the same fp16 K tile as an MN-major operand. R_vt is
-//               the running scale reference of the portable kernel (e4m3::update_scale_ref).
+//   converter (warpgroup 2)  gathers tile t's rows by index straight into registers (16-byte
+//               non-coherent loads, 4 threads per row, 32 rows per round), converts e4m3 x the row's
+//               fp32 scale to bf16 into stage t % 2 (the rope dims as they are), flags the valid keys
+//               and arrives on the stage's `ready` mbarrier. A round's registers are refilled with
+//               tile t + 1's rows as soon as they are converted, so the loads have a tile's time to land.
+//   S warpgroup (0)  S = Q K^T (36 wgmma m64n64k16, both operands in shared memory), the online
+//               softmax, P in bf16 into the stage's rope block (dead once S is done) and the rows' O
+//               rescale factors to shared memory (`p_ready`), then O[:, 0:256] += P V (P from
+//               registers, V = the stage read MN-major).
+//   P V warpgroup (1)  O[:, 256:512] *= factor; O[:, 256:512] += P V (P from shared memory).
+// Both MMA warpgroups release a stage on its `free` mbarrier once their wgmma on it have completed;
+// the converter waits for that before it writes the stage again.
 //
-// Shared memory: Q and K as 9 blocks of [64 rows][64 dims] in the 128-byte swizzle (blocks 0-7
-// kv_c in fp16, block 8 rope in bf16), the staging rows, the partial S of both warpgroups.
+// kPair (h_q 65-128: two head tiles of the same token, launched as a 2-CTA cluster): each CTA's
+// converter gathers and converts half of every tile (rows 32 rank ..) and writes it into both CTAs'
+// stages, the peer's by st.async, whose bytes complete on the peer's `ready` mbarrier; `free` then
+// counts the MMA warpgroups of both CTAs. Every tile is read and converted once for 128 heads.
+//
+// Shared memory: Q and two K stages, each 9 blocks of [64 rows][64 dims] bf16 in the 128-byte
+// swizzle (block 8 = rope), key flags, rescale factors, the S warpgroup's row state for the
+// epilogue, 6 mbarriers.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -35,219 +36,317 @@
 #include "common/mbarrier.cuh"
 #include "common/pdl.cuh"
 #include "common/sm80.cuh"
+#include "common/sm90/cluster.cuh"
 #include "common/sm90/wgmma.cuh"
 #include "common/types.h"
-#include "sparse/portable/sparse_decode_portable.cuh"  // shared pieces: key_tiles, load_q_tile, slot_row, dequant_ds_mla_rows, ...
-#include "sparse/sm90/m64_tile.cuh"                     // partial S exchange, online softmax, epilogue
+#include "sparse/portable/sparse_decode_portable.cuh"  // cta_work, fetch_slot_ahead, load_q_tile, slot_row, kZeroDsMlaRow
+#include "sparse/sm90/m64_tile.cuh"                     // online softmax, epilogue
 #include "sparse/sparse_decode.h"
+#include "sparse/v4_decode.h"
 
 namespace mla::sparse {
 
-// This kernel's bulk row gather: as bulk_ds_mla_row_or_zero_row (portable header) for a valid slot, an
-// invalid row zero-filled by its thread with generic stores (the kernel fences the async proxy after every
-// tile's dequantisation) and an arrival without bytes. (Through the zero row this kernel measured ~2.5%
-// slower at b128 h_q 64 in a same-run A/B with every slot valid, i.e. from the code the compiler made
-// of it, not from zero-row copies.)
-__device__ __forceinline__ void bulk_ds_mla_row_or_zero_fill(const SparseDecodeParams& p, const uint8_t* cache, int32_t slot,
-                                                             bool ok, uint32_t block_size32, uint8_t* dst_row, uint32_t bar) {
-  if (ok) {
-    mbar_arrive_expect_tx(bar, kDsMlaRowBytes);
-    bulk_load(sm80::smem_addr(dst_row), slot_row(p, cache, slot, true, block_size32), kDsMlaRowBytes, bar);
-  } else {
-#pragma unroll 1
-    for (int c = 0; c < kDsMlaRowBytes / 16; ++c) reinterpret_cast<uint4*>(dst_row)[c] = make_uint4(0u, 0u, 0u, 0u);
-    mbar_arrive(bar);
-  }
-}
+using sm80::smem_addr;
 
-struct Sm90Fp8Config {
-  static constexpr int kM = 64;         // heads per CTA
-  static constexpr int kN = 64;         // keys per tile
-  static constexpr int kThreads = 256;  // 2 warpgroups
-  static constexpr int kBlockBytes = 64 * 128;          // [64 rows][64 dims] 16-bit, one swizzle block
-  static constexpr int kTileBytes = 9 * kBlockBytes;    // 576 dims
-  static constexpr int kRawBytes = kN * kDsMlaRowBytes;  // one staging tile of 656-byte rows
-  static constexpr int kRedBytes = 2 * 32 * 128 * 4;    // partial S: [warpgroup][32 values][128 threads] fp32
+template <class Rows>
+struct WsConfig {
+  static constexpr int kM = 64;                // heads per CTA
+  static constexpr int kN = 64;                // keys per tile
+  static constexpr int kMmaThreads = 256;      // the S and the P V warpgroup
+  static constexpr int kThreads = kMmaThreads + 128;  // + the converter
+  // Registers per thread after setmaxnreg. The warpgroups share what the launch allocated, 168 per
+  // thread (384 threads): a setmaxnreg.inc past that total would wait forever.
+  static constexpr int kLaunchRegs = 168;
+  static constexpr int kRegsS = 216, kRegsPv = 160, kRegsConvert = 128;
+  static constexpr int kBlockBytes = 64 * 128;  // [64 rows][64 dims] bf16, one swizzle block
+  static constexpr int kBlocks = Rows::kBlocks;  // 64-dim blocks of a row; the last = rope
+  static constexpr int kTileBytes = kBlocks * kBlockBytes;
+  static constexpr int kStages = 2;
+  // kPair: bytes a CTA receives from its peer per tile: 32 rows x kBlocks x 128 bytes + 32 key flags
+  static constexpr uint32_t kPeerBytes = 32 * kBlocks * 128 + 32 * 4;
   static constexpr int kOffQ = 0;
-  static constexpr int kOffK = kOffQ + kTileBytes;
-  static constexpr int kOffRaw = kOffK + kTileBytes;
-  static constexpr int kOffRed = kOffRaw + kRawBytes;
-  static constexpr int kOffScale = kOffRed + kRedBytes;  // [4 scale tiles][64 keys] fp32 of the K tile
-  static constexpr int kOffValid = kOffScale + 4 * kN * 4;  // [2][64] int: tiles alternate (gather of t + 1 during t)
-  static constexpr int kOffRowExp = kOffValid + 2 * kN * 4;  // [64] int: q row exponents
-  static constexpr int kOffBar = kOffRowExp + kM * 4;         // mbarrier of the staging tile (bulk gather)
-  // + 1 KiB so that the base can be rounded up to the 1024 bytes the swizzle atoms need
-  static constexpr int kSmemBytes = kOffBar + 8 + 1024;
-  static_assert(kOffK % 1024 == 0 && kOffRaw % 16 == 0 && kOffRed % 16 == 0 && kOffBar % 8 == 0, "alignment");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of sm90");
+  static constexpr int kOffK = kOffQ + kTileBytes;                 // stage s at kOffK + s kTileBytes
+  // P of each stage, where the rope block is part of V (V4); else P overwrites the rope block (V3)
+  static constexpr int kOffP = kOffK + kStages * kTileBytes;
+  static constexpr int kOffValid = kOffP + (Rows::kPInRope ? 0 : kStages * kBlockBytes);  // [stage][64 keys] int
+  static constexpr int kOffFactor = kOffValid + kStages * kN * 4;  // [stage][64 rows] fp32: O rescale
+  static constexpr int kOffRowState = kOffFactor + kStages * kM * 4;  // [128 threads] {m, m, l, l}
+  static constexpr int kOffBars = kOffRowState + 128 * 16;        // ready[2], free[2], p_ready[2]
+  static constexpr int kSmemBytes = kOffBars + 6 * 8;
+  static constexpr int kSmemLaunchBytes = kSmemBytes + 1024;  // + base alignment of the swizzle atoms
+  static_assert(kRegsS + kRegsPv + kRegsConvert <= 3 * kLaunchRegs && kLaunchRegs * kThreads <= 64 * 1024);
+  static_assert(kSmemLaunchBytes <= 227 * 1024, "shared memory budget of sm90");
 };
 
-// Byte offset of 16-byte chunk c (8 dims, 0..71) of row r in a Q or K tile: block c / 8, row r
-// of 128 bytes, chunk c % 8 XOR-swizzled by r % 8 (what the wgmma descriptors' 128-byte swizzle
-// expects on 1024-byte aligned blocks).
+// Byte offset of 16-byte chunk c (8 dims) of row r in a Q or K tile: block c / 8, row r
+// of 128 bytes, chunk c % 8 XOR-swizzled by r % 8 (the wgmma descriptors' 128-byte swizzle on
+// 1024-byte aligned blocks).
 __device__ __forceinline__ uint32_t sw128_off(int r, int c) {
-  return static_cast<uint32_t>((c / 8) * Sm90Fp8Config::kBlockBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16));
+  return static_cast<uint32_t>((c / 8) * (64 * 128) + r * 128 + (((c % 8) ^ (r % 8)) * 16));
 }
 
-// Rows gathered by one cp.async.bulk per row (64 threads issue, an mbarrier counts the bytes)
-// instead of 41 16-byte cp.async per row spread over 8 threads: Nsight Compute showed the cp.async
-// issue (LSU queue full: mio stalls, and the register reuse after it) as ~25% of the stall samples;
-// measured 621.5 vs 650.9 us (b128 s_q2 h_q128, same run). The compiler serialises a warp's copies
-// (the copy takes uniform-register operands): from threads 0-63 before the S MMAs they delayed
-// warpgroup 0's S (~20% of the stall samples); now 8 per warp, issued while the first S MMAs run
-// (606 / 617 -> 578 / 595 us).
-__global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
-    sparse_decode_sm90_fp8_kernel(const __grid_constant__ SparseDecodeParams p) {
-#if MLA_SM90A
-  using Cfg = Sm90Fp8Config;
-  constexpr int kN = Cfg::kN;
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = sm90::align_to_swizzle_atom(smem_raw);
-  uint8_t* s_q = smem + Cfg::kOffQ;
-  uint8_t* s_k = smem + Cfg::kOffK;
-  uint8_t* s_raw = smem + Cfg::kOffRaw;
-  float* s_red = reinterpret_cast<float*>(smem + Cfg::kOffRed);
-  float* s_scale = reinterpret_cast<float*>(smem + Cfg::kOffScale);
-  int* s_valid = reinterpret_cast<int*>(smem + Cfg::kOffValid);
-  int* s_row_exp = reinterpret_cast<int*>(smem + Cfg::kOffRowExp);
-  const uint32_t bar = sm80::smem_addr(smem + Cfg::kOffBar);
+// 16 bytes of global memory through the non-coherent path, the L2 fetching 256-byte lines (a row's
+// 656 bytes are read by 4 threads in 64-byte steps).
+__device__ __forceinline__ uint4 ldg_nc_128(const void* ptr) {
+  uint4 v;
+  asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
+  return v;
+}
 
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  // warpgroup (through a shuffle, so that the compiler knows it is warp-uniform and keeps the
-  // wgmma descriptors derived from it in uniform registers), thread and warp within it
-  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), tid_wg = tid % 128, wq = warp % 4;
-  const int qd = lane % 4;
-  const int h0 = blockIdx.x * Cfg::kM;
+__device__ __forceinline__ void sts128(uint32_t addr, const uint4& v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+
+// Where a CTA's rows come from, per cache layout: its tiles, the slot of a tile's row, the raw bytes a
+// converter thread loads (part g of 4: e4m3 bytes 16 g + 64 d, rope bytes 32 g .. + 31) and their
+// scales. An invalid row is read from a global row of zeros (scale 0): it converts to 0, which P = 0
+// needs.
+//
+// V3 fp8_ds_mla: 656-byte rows (512 e4m3, 4 fp32 scales per 128 dims, 64 bf16 rope), one list.
+struct V3Rows {
+  using Params = SparseDecodeParams;
+  static constexpr int kBlocks = 9;       // 576 dims
+  static constexpr int kNopeLoads = 8;    // 512 e4m3 bytes / (4 threads x 16)
+  static constexpr bool kPInRope = true;  // V = dims 0-511: P may overwrite the rope block
+  struct Raw {
+    uint4 nope[kNopeLoads];
+    uint4 scales;  // 4 fp32
+    uint4 rope[2];
+  };
+  const SparseDecodeParams& p;
+  CtaWork work;
+  uint32_t block_size32;
+  __device__ __forceinline__ explicit V3Rows(const Params& params)
+      : p(params), work(cta_work(params, 64)), block_size32(block_size_u32(params)) {}
+  __device__ __forceinline__ const SparseDecodeParams& sparse() const { return p; }
+  __device__ __forceinline__ const CtaToken& token() const { return work; }
+  __device__ __forceinline__ int num_tiles() const { return work.num_tiles; }
+  __device__ __forceinline__ int32_t fetch(int t, int r) const {
+    return fetch_slot_ahead(work.idx_row, (work.tile_begin + t) * 64 + r, work.num_keys);
+  }
+  __device__ __forceinline__ bool load(int /*t*/, int32_t slot, int g, Raw& raw) const {
+    const bool ok = slot >= 0 && slot < p.num_slots;
+    const uint8_t* row = ok ? slot_row(p, static_cast<const uint8_t*>(p.kv_cache), slot, true, block_size32) : kZeroDsMlaRow;
+#pragma unroll
+    for (int d = 0; d < kNopeLoads; ++d) raw.nope[d] = ldg_nc_128(row + 64 * d + 16 * g);
+    raw.scales = ldg_nc_128(row + kDsMlaScaleOffset);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) raw.rope[i] = ldg_nc_128(row + kDsMlaRopeOffset + 32 * g + 16 * i);
+    return ok;
+  }
+  // the scale of e4m3 load d (dims 64 d ..: scale tile d / 2)
+  __device__ __forceinline__ static float scale(const Raw& raw, int d) {
+    const uint32_t w[4] = {raw.scales.x, raw.scales.y, raw.scales.z, raw.scales.w};
+    return __uint_as_float(w[d / 2]);
+  }
+};
+
+// DeepSeek-V4 fp8_ds_mla: two pools of pages of 576-byte tokens (448 e4m3, 64 bf16 rope) followed by
+// 8-byte scale parts (7 UE8M0, one per 64 dims); the CTA's 64-key tiles are the main list's, then the
+// extra list's (each rounded up to whole tiles), a split's range of them.
+struct V4Rows {
+  using Params = V4FusedParams;
+  static constexpr int kBlocks = 8;        // 512 dims
+  static constexpr int kNopeLoads = 7;     // 448 e4m3 bytes / (4 threads x 16)
+  static constexpr bool kPInRope = false;  // the value is the whole row
+  struct Raw {
+    uint4 nope[kNopeLoads];
+    uint2 scales;  // 7 UE8M0 + pad
+    uint4 rope[2];
+  };
+  const V4FusedParams& fp;
+  CtaToken tok;
+  int n_main, n_extra, main_tiles, tile_begin, tiles;
+  const int32_t* idx[2];
+  __device__ __forceinline__ explicit V4Rows(const Params& params) : fp(params), tok(cta_token(params.sparse)) {
+    const SparseDecodeParams& p = fp.sparse;
+    auto counted = [&](const V4Pool& pool) {
+      int n = pool.topk;
+      if (n > 0 && pool.lengths != nullptr) n = min(n, max(pool.lengths[tok.b], 0));
+      return n;
+    };
+    n_main = counted(fp.pool[0]), n_extra = counted(fp.pool[1]);
+    main_tiles = (n_main + 63) / 64;
+    const int total = main_tiles + (n_extra + 63) / 64;
+    tile_begin = tok.whole ? 0 : tok.split * p.tiles_per_split;
+    tiles = tok.whole ? total : max(0, min(total, tile_begin + p.tiles_per_split) - tile_begin);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      idx[i] = fp.pool[i].topk > 0 ? fp.pool[i].indices + tok.b * fp.pool[i].stride_indices_b + tok.s * fp.pool[i].stride_indices_s
+                                   : nullptr;
+  }
+  __device__ __forceinline__ const SparseDecodeParams& sparse() const { return fp.sparse; }
+  __device__ __forceinline__ const CtaToken& token() const { return tok; }
+  __device__ __forceinline__ int num_tiles() const { return tiles; }
+  __device__ __forceinline__ bool extra(int t) const { return tile_begin + t >= main_tiles; }
+  __device__ __forceinline__ int32_t fetch(int t, int r) const {
+    const int i = tile_begin + t;
+    if (i < main_tiles) return fetch_slot_ahead(idx[0], 64 * i + r, n_main);
+    return fetch_slot_ahead(idx[1], 64 * (i - main_tiles) + r, n_extra);
+  }
+  __device__ __forceinline__ bool load(int t, int32_t slot, int g, Raw& raw) const {
+    const bool x = extra(t);
+    const V4Pool& pool = fp.pool[x ? 1 : 0];
+    const bool ok = slot >= 0 && slot < pool.num_slots;
+    const uint8_t* data = kZeroDsMlaRow;
+    const uint8_t* scales = kZeroDsMlaRow + kV4DataBytes;
+    if (ok) {
+      FastDivmod div = fp.block_div[0];  // (a select, not an indexed parameter read)
+      if (x) div = fp.block_div[1];
+      const int page = div.div(slot), page_row = div.mod(slot, page);
+      const uint8_t* base = static_cast<const uint8_t*>(pool.cache) + int64_t(page) * pool.stride_block_bytes;
+      data = base + page_row * kV4DataBytes;
+      scales = base + div.divisor * kV4DataBytes + page_row * kV4ScaleBytes;
+    }
+#pragma unroll
+    for (int d = 0; d < kNopeLoads; ++d) raw.nope[d] = ldg_nc_128(data + 64 * d + 16 * g);
+    asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(raw.scales.x), "=r"(raw.scales.y) : "l"(scales));
+#pragma unroll
+    for (int i = 0; i < 2; ++i) raw.rope[i] = ldg_nc_128(data + kV4NopeDim + 32 * g + 16 * i);
+    return ok;
+  }
+  __device__ __forceinline__ static float scale(const Raw& raw, int d) {
+    return e4m3::ue8m0_to_float(((d < 4 ? raw.scales.x : raw.scales.y) >> (8 * (d % 4))) & 0xFFu);
+  }
+};
+
+template <class Rows, bool kPair>
+__device__ __forceinline__ void sparse_decode_sm90_ws(const typename Rows::Params& params) {
+#if MLA_SM90A
+  using C = WsConfig<Rows>;
+  constexpr int kN = C::kN;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* const smem = sm90::align_to_swizzle_atom(smem_raw);
+  int* const s_valid = reinterpret_cast<int*>(smem + C::kOffValid);
+  float* const s_factor = reinterpret_cast<float*>(smem + C::kOffFactor);
+  float4* const s_row_state = reinterpret_cast<float4*>(smem + C::kOffRowState);
+  const uint32_t q_base = smem_addr(smem + C::kOffQ), k_base = smem_addr(smem + C::kOffK);
+  const uint32_t bars = smem_addr(smem + C::kOffBars);
+  auto ready_bar = [&](int st) { return bars + 8 * st; };     // converter -> MMA warpgroups (128 arrivals)
+  auto free_bar = [&](int st) { return bars + 16 + 8 * st; };  // MMA warpgroups (kPair: of both CTAs) -> converter
+  auto p_bar = [&](int st) { return bars + 32 + 8 * st; };     // S warpgroup -> P V warpgroup (128)
+  auto stage_of = [&](int st) { return k_base + st * C::kTileBytes; };
+  // P of a stage: its rope block (V3) or a block of its own (V4)
+  const uint32_t p_base = Rows::kPInRope ? k_base + (C::kBlocks - 1) * C::kBlockBytes : smem_addr(smem + C::kOffP);
+  constexpr uint32_t kPStride = Rows::kPInRope ? C::kTileBytes : C::kBlockBytes;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, qd = lane % 4;
+  // Warpgroup through a shuffle: warp-uniform for the compiler, so the descriptors stay uniform.
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), tid_wg = tid % 128;
+  const int h0 = blockIdx.x * C::kM;
+  // kPair: this CTA's rank in the cluster (= blockIdx.x % 2) and the peer's
+  const uint32_t rank = kPair ? sm90::cluster_cta_rank() : 0u, peer = rank ^ 1u;
   // A programmatic dependent, as the portable kernels (common/pdl.cuh).
   pdl_wait_prerequisites();
   pdl_launch_dependents();
-  const CtaWork work = cta_work(p, kN);
-  const int bs = work.bs, b = work.b, s = work.s;
-  const bool whole = work.whole;
-  const int num_keys = work.num_keys, tile_begin = work.tile_begin, num_tiles = work.num_tiles;
-  const uint8_t* cache = static_cast<const uint8_t*>(p.kv_cache);
+  const Rows rows(params);
+  const SparseDecodeParams& p = rows.sparse();
+  const CtaToken& work = rows.token();
+  const int num_tiles = rows.num_tiles();
 
-  // ---- loaders ------------------------------------------------------------------------------
-  auto load_q = [&]() { load_q_tile<Cfg::kM, Cfg::kThreads>(p, b, s, h0, tid, s_q, [](int r, int c) { return sw128_off(r, c); }); };
-  // Row gather into the staging tile; invalid keys are zero-filled and never read. Each thread's
-  // slots of the next tile are fetched after its copies (fetch_slot_ahead). Lane l < 8 of warp w
-  // copies row 8 w + l (a warp issues its bulk copies one lane after the other, ~90 cycles apart:
-  // 8 rows per warp fit in the S MMAs of the current tile, during which they are issued).
-  constexpr int kBulkLanes = kN / (Cfg::kThreads / 32);
-  static_assert(kBulkLanes * (Cfg::kThreads / 32) == kN, "bulk rows: the same number per warp");
-  const bool bulk_lane = lane < kBulkLanes;
-  const int load_row = kBulkLanes * warp + lane;
-  auto fetch_slot = [&](int tile) { return fetch_slot_ahead(work.idx_row, tile * kN + load_row, num_keys); };
-  int32_t next_slot = bulk_lane ? fetch_slot(tile_begin) : -1;
-  const uint32_t block_size32 = block_size_u32(p);
-  auto load_tile = [&](int tile, int valid_slot) {
-    // Row load_row whole; an invalid row is zero-filled here (the dequantised tile must stay
-    // finite: P = 0 times V must be 0). Every row's lane arrives once (the barrier counts 64
-    // arrivals); valid rows add their bytes as transactions.
-    if (bulk_lane) {
-      const int32_t slot = next_slot;
-      const bool ok = slot >= 0 && slot < p.num_slots;
-      s_valid[valid_slot * kN + load_row] = ok;
-      // (no fence here: every thread fences the async proxy after the tile's dequantisation)
-      bulk_ds_mla_row_or_zero_fill(p, cache, slot, ok, block_size32, s_raw + load_row * kDsMlaRowBytes, bar);
-      next_slot = fetch_slot(tile + 1);
+  if (tid == 0) {
+    for (int st = 0; st < C::kStages; ++st) {
+      mbar_init(ready_bar(st), 128);
+      mbar_init(free_bar(st), kPair ? 4 : 2);  // one arrival per MMA warpgroup (and CTA)
+      mbar_init(p_bar(st), 128);
     }
-  };
-  // Staging -> K tile (dequant_ds_mla_rows, in the wgmma layout); the 4 scales per key go to
-  // s_scale[tile][key] (keys of one tile adjacent: the accumulator layout reads them in pairs).
-  auto dequant_tile = [&]() {
-    dequant_ds_mla_rows<kN, Cfg::kThreads / 32, Cfg::kThreads>(s_raw, s_k, warp, lane, tid, [](int r, int c) { return sw128_off(r, c); });
-    if (tid < kN) {
-      const float4 sc = *reinterpret_cast<const float4*>(s_raw + tid * kDsMlaRowBytes + kDsMlaScaleOffset);
-      s_scale[0 * kN + tid] = sc.x;
-      s_scale[1 * kN + tid] = sc.y;
-      s_scale[2 * kN + tid] = sc.z;
-      s_scale[3 * kN + tid] = sc.w;
-    }
-  };
+    mbar_init_fence();
+  }
+  if (wg < 2 && num_tiles > 0)
+    load_q_tile<C::kM, C::kMmaThreads, C::kBlocks * 8>(p, work.b, work.s, h0, tid, smem + C::kOffQ, [](int r, int c) { return sw128_off(r, c); });
+  sm80::cp_async_commit();
+  sm80::cp_async_wait<0>();
+  fence_proxy_async_smem();  // Q's cp.async writes -> wgmma
+  // (the last barrier of all three warpgroups; kPair: the peer's mbarriers are initialised past it)
+  if constexpr (kPair) sm90::cluster_sync();
+  else __syncthreads();
 
-  // ---- per-thread state --------------------------------------------------------------------
-  // Accumulator layout (m64nN, both S and O): element 4 i + e of a thread is row
-  // 16 wq + lane / 4 + 8 (e / 2), column 8 i + 2 qd + e % 2. A thread's two rows:
-  const int r_lo = 16 * wq + lane / 4;
-  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  float row_scale[2] = {scale_log2, scale_log2};  // times 2^e of the row (q normalisation)
-  float m_run[2] = {-INFINITY, -INFINITY};        // running max, log2 domain
-  float l_run[2] = {0.f, 0.f};                    // this thread's share of the row sum
-  float o[2][64];                                 // O of value scale tiles 2 wg, 2 wg + 1 (128 columns each)
+  if (wg == 2) {
+    // ---- converter ---------------------------------------------------------------------------
+    // Thread (warp w, lane l): row 32 q + 8 w + l % 8 of a tile in round q (kPair: q = rank, one
+    // round), e4m3 bytes 16 (l / 8) + 64 d: dims 64 d + 16 (l / 8) .., output chunks 2 (l / 8) and + 1
+    // of block d, whose swizzled places (chunk ^ row % 8) differ across the 8 rows of a store: no bank
+    // conflicts. Rope: bytes 32 (l / 8) .. + 31 -> chunks 2 (l / 8), + 1 of the last block.
+    sm90::setmaxnreg_dec<C::kRegsConvert>();
+    const int w = warp % 4, g = lane / 8, j = lane % 8;
+    constexpr int kRounds = kPair ? 1 : 2;
+    typename Rows::Raw raw[kRounds];
+    bool ok[kRounds];
+    int32_t slot[kRounds];
 #pragma unroll
-  for (int v = 0; v < 2; ++v)
+    for (int q = 0; q < kRounds; ++q) slot[q] = -1, ok[q] = false;
+    auto row_in_tile = [&](int q) { return 32 * (kPair ? static_cast<int>(rank) : q) + 8 * w + j; };
+    auto fetch = [&](int t, int q) { return t < num_tiles ? rows.fetch(t, row_in_tile(q)) : -1; };
+    auto convert = [&](int q, int st) {
+      const int r = row_in_tile(q);
+      const uint32_t row_at = stage_of(st) + r * 128;
+      const uint32_t lo_at = ((2 * g) ^ j) << 4, hi_at = ((2 * g + 1) ^ j) << 4;
+      // kPair: the same bytes into the peer's stage, counted on its ready mbarrier
+      const uint32_t peer_delta = kPair ? sm90::peer_smem_addr(row_at, peer) - row_at : 0u;
+      const uint32_t peer_ready = kPair ? sm90::peer_smem_addr(ready_bar(st), peer) : 0u;
+      auto put = [&](uint32_t at, const uint4& v) {
+        sts128(at, v);
+        if constexpr (kPair) sm90::st_async_128(at + peer_delta, v, peer_ready);
+      };
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[v][i] = 0.f;
-  float v_ref[2] = {0.f, 0.f}, v_inv[2] = {0.f, 0.f};  // R_vt and 1 / R_vt of the two value tiles
-
-  // Descriptor bases (constant high word, one add per MMA): Q and K K-major; V = the K tile's
-  // first 512 dims as an MN-major operand (64-dim blocks 8 KiB apart, 8-key groups 1 KiB apart).
-  const sm90::SmemDesc q_desc = sm90::kmajor_sw128(sm80::smem_addr(s_q)), k_desc = sm90::kmajor_sw128(sm80::smem_addr(s_k));
-  const sm90::SmemDesc v_desc = sm90::mnmajor_sw128(sm80::smem_addr(s_k), Cfg::kBlockBytes, 1024);
-
-  // One 64-key tile (K tile, s_scale and validity slot `vs` ready; all threads). issue_next() runs
-  // once the first S MMAs are committed: the next tile's bulk copies go out while they run.
-  auto compute_tile = [&](int vs, auto&& issue_next) {
-    // S partial of this warpgroup's dims: scale tiles tA = 2 wg and tB = 2 wg + 1 (dims 128 t ..
-    // + 127 = blocks 2t, 2t + 1), each multiplied by its keys' scales, plus rope dims 32 wg .. + 31
-    // (bf16, unscaled).
-    float sc[32], acc[32];
-    const int tA = 2 * wg, tB = 2 * wg + 1;
-    auto issue_tile = [&](float (&d)[32], int t) {
-      const sm90::SmemDesc qt = q_desc.plus(2 * t * Cfg::kBlockBytes), kt = k_desc.plus(2 * t * Cfg::kBlockBytes);
-#pragma unroll
-      for (int st = 0; st < 8; ++st) {
-        const uint32_t off = (st / 4) * Cfg::kBlockBytes + 32 * (st % 4);
-        sm90::wgmma_m64n64k16_f16(d, qt.at(off), kt.at(off), st > 0);
+      for (int d = 0; d < Rows::kNopeLoads; ++d) {
+        const uint4 v = raw[q].nope[d];
+        const float sc = Rows::scale(raw[q], d);
+        put(row_at + d * C::kBlockBytes + lo_at, e4m3::x8_scaled_to_bf16x8(make_uint2(v.x, v.y), sc));
+        put(row_at + d * C::kBlockBytes + hi_at, e4m3::x8_scaled_to_bf16x8(make_uint2(v.z, v.w), sc));
+      }
+      put(row_at + (C::kBlocks - 1) * C::kBlockBytes + lo_at, raw[q].rope[0]);
+      put(row_at + (C::kBlocks - 1) * C::kBlockBytes + hi_at, raw[q].rope[1]);
+      if (g == 0) {
+        s_valid[st * kN + r] = ok[q];
+        if constexpr (kPair) {
+          const uint32_t flag_at = smem_addr(s_valid + st * kN + r);
+          sm90::st_async_32(sm90::peer_smem_addr(flag_at, peer), ok[q] ? 1u : 0u, peer_ready);
+        }
       }
     };
-    auto issue_rope = [&]() {
-      const uint32_t base = 8 * Cfg::kBlockBytes + 64 * wg;  // rope dims 32 wg .. + 31
-      const sm90::SmemDesc qr = q_desc.plus(base), kr = k_desc.plus(base);
+    if (num_tiles > 0) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j) sm90::wgmma_m64n64k16_bf16(sc, qr.at(32 * j), kr.at(32 * j), j > 0);
-    };
-    // Scales of tile t for the keys of n8 tile i of this thread (keys 8 i + 2 qd, + 1).
-    auto key_scales = [&](int t, int i) { return *reinterpret_cast<const float2*>(s_scale + t * kN + 8 * i + 2 * qd); };
-    sm90::wgmma_fence();
-    // rope first, straight into sc; then each scale tile into acc, drained and folded in.
-    issue_rope();
-#pragma unroll
-    for (int tt = 0; tt < 2; ++tt) {
-      const int t = tt == 0 ? tA : tB;
-      if (tt > 0) sm90::wgmma_fence();
-      issue_tile(acc, t);
-      sm90::wgmma_commit();
-      if (tt == 0) issue_next();
-      sm90::wgmma_wait<0>();
-      sm90::fence_accumulators(sc);
-      sm90::fence_accumulators(acc);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float2 ks = key_scales(t, i);
-        sc[4 * i + 0] = fmaf(acc[4 * i + 0], ks.x, sc[4 * i + 0]);
-        sc[4 * i + 1] = fmaf(acc[4 * i + 1], ks.y, sc[4 * i + 1]);
-        sc[4 * i + 2] = fmaf(acc[4 * i + 2], ks.x, sc[4 * i + 2]);
-        sc[4 * i + 3] = fmaf(acc[4 * i + 3], ks.y, sc[4 * i + 3]);
+      for (int q = 0; q < kRounds; ++q) {
+        ok[q] = rows.load(0, fetch(0, q), g, raw[q]);
+        slot[q] = fetch(1, q);
       }
     }
-    // Full S (m64::sum_partial_s), then the online softmax. (Unscaled scores with one fma(s, rs, -m)
-    // per key saved 32 FMULs, but the exact product s rs sits up to an ulp of m away from m, 16 at
-    // |m| ~ 2^27: the max key's P came out anywhere in 2^-16 .. 2^8, which overflowed P' in fp16 or
-    // left it subnormal, and the output then differed from the spec's: cosine difference 0.2.)
-    m64::sum_partial_s(sc, s_red, wg, tid_wg);
-    float corr[2];
-    m64::online_softmax(sc, s_valid + vs * kN, qd, row_scale, m_run, l_run, corr);
-    // Per value tile: R update (warp vote), O rescale (skipped when nothing changed), P' in fp16,
-    // 4 wgmma k-steps of 16 keys. The second tile's P' is built while the first's wgmma run.
+    for (int t = 0; t < num_tiles; ++t) {
+      const int st = t % 2;
+      // the stage's tile t - 2 is done (kPair: in both CTAs); a fresh barrier passes
+      mbar_wait(free_bar(st), ((t / 2) & 1) ^ 1);
 #pragma unroll
-    for (int v = 0; v < 2; ++v) {
-      const int vt = 2 * wg + v;
-      float v_rescale;
-      e4m3::update_scale_ref(s_scale[vt * kN + lane], s_scale[vt * kN + lane + 32], v_ref[v], v_rescale, v_inv[v]);
-      const float c0 = corr[0] * v_rescale, c1 = corr[1] * v_rescale;
-      if (!__all_sync(0xffffffffu, c0 == 1.f && c1 == 1.f)) {
+      for (int q = 0; q < kRounds; ++q) {
+        convert(q, st);
+        if (t + 1 < num_tiles) {
+          ok[q] = rows.load(t + 1, slot[q], g, raw[q]);  // tile t + 1's row, into the registers just converted
+          slot[q] = fetch(t + 2, q);
+        }
+      }
+      fence_proxy_async_smem();  // st.shared -> the MMA warpgroups' wgmma
+      // kPair: one thread also announces the peer's half (st.async bytes may land before or after)
+      if (kPair && tid_wg == 0) mbar_arrive_expect_tx(ready_bar(st), C::kPeerBytes);
+      else mbar_arrive(ready_bar(st));
+    }
+  } else {
+    // ---- MMA warpgroups ----------------------------------------------------------------------------
+    // Accumulator layout (m64nN, S and O): element 4 i + e of a thread is row r_lo + 8 (e / 2), column
+    // 8 i + 2 qd + e % 2.
+    const int r_lo = 16 * (warp % 4) + lane / 4;
+    float m_run[2] = {-INFINITY, -INFINITY};  // running max, log2 domain
+    float l_run[2] = {0.f, 0.f};              // this thread's share of the row sum
+    float o[2][64];                           // O of dims 256 wg .. + 255 (m64n256: two m64n128 halves)
+#pragma unroll
+    for (int v = 0; v < 2; ++v)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[v][i] = 0.f;
+    auto rescale_o = [&](float c0, float c1) {
+      if (__all_sync(0xffffffffu, c0 == 1.f && c1 == 1.f)) return;
+#pragma unroll
+      for (int v = 0; v < 2; ++v)
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
           o[v][4 * i + 0] *= c0;
@@ -255,82 +354,143 @@ __global__ void __launch_bounds__(Sm90Fp8Config::kThreads, 1)
           o[v][4 * i + 2] *= c1;
           o[v][4 * i + 3] *= c1;
         }
-      }
-      uint32_t pa[4][4];
+    };
+    // A stage's wgmma of this warpgroup have completed: one thread arrives on its free mbarrier (kPair:
+    // one on the peer's too, whose converter writes half of this CTA's stage).
+    auto release = [&](int st) {
+      if (tid_wg == 0) mbar_arrive(free_bar(st));
+      if (kPair && tid_wg == 32) sm90::mbar_arrive_cluster(sm90::peer_smem_addr(free_bar(st), peer));
+    };
+    // V = a stage's dims 0-511 (V3: all but the rope block; V4: the whole row) as an MN-major operand: 64-dim blocks 8 KiB apart, 8-key groups 1 KiB
+    // apart; this warpgroup's half from block 4 wg.
+    const sm90::SmemDesc v_desc = sm90::mnmajor_sw128(k_base + 4 * wg * C::kBlockBytes, C::kBlockBytes, 1024);
+
+    if (wg == 0) {
+      sm90::setmaxnreg_inc<C::kRegsS>();
+      const float row_scale[2] = {p.softmax_scale * 1.4426950408889634f, p.softmax_scale * 1.4426950408889634f};
+      const sm90::SmemDesc q_desc = sm90::kmajor_sw128(q_base), k_desc = sm90::kmajor_sw128(k_base);
+      for (int t = 0; t < num_tiles; ++t) {
+        const int st = t % 2;
+        const uint32_t parity = (t / 2) & 1;
+        mbar_wait(ready_bar(st), parity);
+        float sc[32];
+        sm90::wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
+        for (int blk = 0; blk < C::kBlocks; ++blk)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int i = 2 * ks + half;  // n8 tile of S = keys 8 i .. + 7
-          const float2 f = *reinterpret_cast<const float2*>(s_scale + vt * kN + 8 * i + 2 * qd);
-          const float f0 = f.x * v_inv[v], f1 = f.y * v_inv[v];
-          pa[ks][2 * half + 0] = sm80::pack2<__half>(sc[4 * i + 0] * f0, sc[4 * i + 1] * f1);
-          pa[ks][2 * half + 1] = sm80::pack2<__half>(sc[4 * i + 2] * f0, sc[4 * i + 3] * f1);
+          for (int kk = 0; kk < 4; ++kk) {
+            const uint32_t off = blk * C::kBlockBytes + 32 * kk;
+            sm90::wgmma_m64n64k16_bf16(sc, q_desc.at(off), k_desc.at(st * C::kTileBytes + off), blk > 0 || kk > 0);
+          }
+        sm90::wgmma_commit();
+        if (t > 0) {
+          sm90::wgmma_wait<1>();  // P V of tile t - 1
+          sm90::fence_accumulators(o);
+          release(st ^ 1);
         }
-      }
-      sm90::fence_accumulators(o[v]);
-      sm90::wgmma_fence();
-      const sm90::SmemDesc vv = v_desc.plus(2 * vt * Cfg::kBlockBytes);
+        sm90::wgmma_wait<0>();
+        sm90::fence_accumulators(sc);
+        float corr[2];
+        m64::online_softmax(sc, s_valid + st * kN, qd, row_scale, m_run, l_run, corr);
+        // P (bf16) as the P V warpgroup's K-major A operand: row r, keys 8 i .. + 7 = chunk i, swizzled;
+        // the rows' factors beside it.
+        const uint32_t p_at = p_base + st * kPStride;
+        uint32_t pa[4][4];
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        // V: keys 16 ks .. + 15 (rows of the K tile), columns 128 vt .. + 127 = blocks 2 vt, 2 vt + 1.
-        sm90::wgmma_m64n128k16_rs_mn<false>(o[v], pa[ks], vv.at(ks * 16 * 128));
+        for (int i = 0; i < 8; ++i) {
+          const uint32_t lo = sm80::pack2<__nv_bfloat16>(sc[4 * i + 0], sc[4 * i + 1]);
+          const uint32_t hi = sm80::pack2<__nv_bfloat16>(sc[4 * i + 2], sc[4 * i + 3]);
+          pa[i / 2][2 * (i % 2) + 0] = lo;
+          pa[i / 2][2 * (i % 2) + 1] = hi;
+          const int r_hi = r_lo + 8;
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(p_at + r_lo * 128 + ((i ^ (r_lo % 8)) << 4) + 4 * qd), "r"(lo) : "memory");
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(p_at + r_hi * 128 + ((i ^ (r_hi % 8)) << 4) + 4 * qd), "r"(hi) : "memory");
+        }
+        if (qd == 0) {
+          s_factor[st * C::kM + r_lo] = corr[0];
+          s_factor[st * C::kM + r_lo + 8] = corr[1];
+        }
+        fence_proxy_async_smem();  // P's st.shared -> the P V warpgroup's wgmma
+        mbar_arrive(p_bar(st));
+        rescale_o(corr[0], corr[1]);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) sm90::wgmma_m64n256k16_rs_mn<true>(o, pa[ks], v_desc.at(st * C::kTileBytes + ks * 16 * 128));
+        sm90::wgmma_commit();
       }
-      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::fence_accumulators(o);
+      s_row_state[tid_wg] = make_float4(m_run[0], m_run[1], l_run[0], l_run[1]);
+    } else {
+      sm90::setmaxnreg_dec<C::kRegsPv>();
+      const sm90::SmemDesc p_desc = sm90::kmajor_sw128(p_base);
+      for (int t = 0; t < num_tiles; ++t) {
+        const int st = t % 2;
+        mbar_wait(p_bar(st), (t / 2) & 1);
+        rescale_o(s_factor[st * C::kM + r_lo], s_factor[st * C::kM + r_lo + 8]);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          sm90::wgmma_m64n256k16_ss_mn<true>(o, p_desc.at(st * kPStride + 32 * ks), v_desc.at(st * C::kTileBytes + ks * 16 * 128));
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        sm90::fence_accumulators(o);
+        release(st);
+      }
     }
-    sm90::wgmma_wait<0>();  // K and s_scale are rewritten after the next barrier
-    sm90::fence_accumulators(o);
-  };
-
-  // ---- main loop ----------------------------------------------------------------------------
-  // One staging buffer: tile t + 1's rows are in flight while tile t computes.
-  if (tid == 0) {
-    mbar_init(bar, kN);
-    mbar_init_fence();
+    // ---- epilogue: the S warpgroup's row state to the P V warpgroup; each writes its 256 dims ----
+    sm80::named_barrier(1, C::kMmaThreads);
+    if (wg == 1) {
+      const float4 rs = s_row_state[tid_wg];
+      m_run[0] = rs.x, m_run[1] = rs.y, l_run[0] = rs.z, l_run[1] = rs.w;
+    }
+    const float unit[2] = {1.f, 1.f};
+    m64::store_rows(p, work.whole, work.bs, work.b, work.s, work.partial_row0, h0, r_lo, wg, qd, m_run, l_run, o, unit);
   }
-  __syncthreads();
-  if (num_tiles > 0) load_q();
-  sm80::cp_async_commit();
-  if (num_tiles > 0) load_tile(tile_begin, 0);
-  sm80::cp_async_commit();
-  if (num_tiles > 0) {
-    sm80::cp_async_wait<1>();  // this thread's Q chunks
-    __syncthreads();
-    normalise_q_rows<Cfg::kM, Cfg::kThreads / 32>(s_q, s_row_exp, warp, lane, [](int r, int c) { return sw128_off(r, c); });
-    __syncthreads();
-    row_scale[0] = ldexpf(scale_log2, s_row_exp[r_lo]);
-    row_scale[1] = ldexpf(scale_log2, s_row_exp[r_lo + 8]);
-  }
-  for (int t = 0; t < num_tiles; ++t) {
-    mbar_wait(bar, t & 1);  // tile t's rows (phase t of the barrier)
-    __syncthreads();  // staging holds tile t; everyone is done with K of tile t - 1
-    dequant_tile();
-    fence_proxy_async_smem();  // the generic stores of K (and of q') -> wgmma's async proxy
-    __syncthreads();                 // K holds tile t; staging is free
-    // Tile t + 1's rows into the staging buffer: bulk copies from inside compute_tile, after its
-    // first S MMAs are committed (issued before them, the copies held back the issuing warps'
-    // warpgroup, and the other one waited for it at the S exchange).
-    const bool load_next = t + 1 < num_tiles;
-    compute_tile(t & 1, [&] {
-      if (load_next) load_tile(tile_begin + t + 1, (t + 1) & 1);
-    });
-  }
-
-  // ---- epilogue: O times R_vt, normalised, sink, to out / partials ----------------------------
-  m64::store_rows(p, whole, bs, b, s, work.partial_row0, h0, r_lo, wg, qd, m_run, l_run, o, v_ref);
+  if constexpr (kPair) sm90::cluster_sync();  // no CTA exits while its peer may still write to it
 #endif
 }
 
-int sm90_fp8_m64_smem_bytes() { return Sm90Fp8Config::kSmemBytes; }
+__global__ void __launch_bounds__(WsConfig<V3Rows>::kThreads, 1)
+    sparse_decode_sm90_fp8_kernel(const __grid_constant__ SparseDecodeParams p) {
+  sparse_decode_sm90_ws<V3Rows, false>(p);
+}
+// h_q 65-128: the token's two head tiles as one cluster (grid x = 2)
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(WsConfig<V3Rows>::kThreads, 1)
+    sparse_decode_sm90_fp8_pair_kernel(const __grid_constant__ SparseDecodeParams p) {
+  sparse_decode_sm90_ws<V3Rows, true>(p);
+}
+__global__ void __launch_bounds__(WsConfig<V4Rows>::kThreads, 1)
+    sparse_decode_sm90_v4_kernel(const __grid_constant__ V4FusedParams p) {
+  sparse_decode_sm90_ws<V4Rows, false>(p);
+}
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(WsConfig<V4Rows>::kThreads, 1)
+    sparse_decode_sm90_v4_pair_kernel(const __grid_constant__ V4FusedParams p) {
+  sparse_decode_sm90_ws<V4Rows, true>(p);
+}
 
-void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p) {
-  using Cfg = Sm90Fp8Config;
-  auto kernel = sparse_decode_sm90_fp8_kernel;
+int sm90_fp8_m64_smem_bytes() { return WsConfig<V3Rows>::kSmemLaunchBytes; }
+
+// The kernel for h_q heads (two head tiles: the cluster), its shared memory opted in on this device.
+template <class Rows, typename Params>
+void launch_ws(const SparseDecodeParams& p, const Params& params, void (*single)(Params), void (*pair)(Params)) {
+  using Cfg = WsConfig<Rows>;
+  const int head_tiles = (p.h_q + Cfg::kM - 1) / Cfg::kM;
+  auto kernel = head_tiles == 2 ? pair : single;
   int device = 0;
   MLA_CUDA_CHECK(cudaGetDevice(&device));
-  opt_in_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, device);
-  launch_dependent(kernel, dim3((p.h_q + Cfg::kM - 1) / Cfg::kM, 1, sparse_grid_z(p)), dim3(Cfg::kThreads),
-                   Cfg::kSmemBytes, p.stream, p);
+  opt_in_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemLaunchBytes, device);
+  launch_dependent(kernel, dim3(head_tiles, 1, sparse_grid_z(p)), dim3(Cfg::kThreads), Cfg::kSmemLaunchBytes, p.stream, params);
+}
+
+void launch_sparse_decode_sm90_fp8_m64(const SparseDecodeParams& p) {
+  launch_ws<V3Rows>(p, p, sparse_decode_sm90_fp8_kernel, sparse_decode_sm90_fp8_pair_kernel);
+}
+
+int sm90_v4_smem_bytes() { return WsConfig<V4Rows>::kSmemLaunchBytes; }
+
+void launch_sparse_decode_sm90_v4(const V4FusedParams& fp) {
+  launch_ws<V4Rows>(fp.sparse, fp, sparse_decode_sm90_v4_kernel, sparse_decode_sm90_v4_pair_kernel);
 }
 
 }  // namespace mla::sparse
