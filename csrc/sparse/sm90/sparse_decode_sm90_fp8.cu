@@ -373,6 +373,9 @@ __device__ __forceinline__ void sparse_decode_sm90_ws(const typename Rows::Param
         const int st = t % 2;
         const uint32_t parity = (t / 2) & 1;
         mbar_wait(ready_bar(st), parity);
+        // kPair: the peer's half came by st.async, not by an async-proxy copy; order it before wgmma here
+        // (the P V warpgroup reads the stage after p_ready, past this warpgroup's fence for P)
+        if constexpr (kPair) fence_proxy_async_smem();
         float sc[32];
         sm90::wgmma_fence();
 #pragma unroll
