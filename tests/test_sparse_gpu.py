@@ -3,8 +3,8 @@ kernel each kind of input reaches (csrc/sparse/sparse_decode.cu).
 
 Kernels on an H200, by head tile (16 for h_q <= 16, 32 up to 32 but 16 for fp8_ds_mla on sm90, else
 64) and format. sm90, not
-forced portable: fp8_ds_mla 64-head tiles the wgmma kernel (sm90/sparse_decode_sm90_fp8.cu, rows
-gathered by bulk copies), 16-head tiles (and 17-32 heads, as two 16-head tiles) the e4m3-fragment
+forced portable: fp8_ds_mla 64-head tiles the three-warpgroup wgmma kernel (sm90/sparse_decode_sm90_fp8.cu;
+two head tiles as a 2-CTA cluster), 16-head tiles (and 17-32 heads, as two 16-head tiles) the e4m3-fragment
 kernel with bulk row copies from 4 copy warps. Forced portable (what sm100 runs), and every bf16
 cache and 32-head tile: the portable kernels (fp8_ds_mla 16 heads: e4m3 fragments, cp.async gathers
 by 4 copy warps; 64 heads: V read from the staging rows). The other portable configurations (the
@@ -400,6 +400,7 @@ def _portable_config(tile, fmt, stages, e4m3_frags=False, row_threads=8, bulk_ro
 
 
 _SM90_FP8 = ("sparse_decode_sm90_fp8_kernel", None)
+_SM90_FP8_PAIR = ("sparse_decode_sm90_fp8_pair_kernel", None)  # two head tiles: a 2-CTA cluster
 _M16_BULK = _portable_config(16, "fp8_ds_mla", 4, True, 8, True, 4)
 _M16_FRAGS = _portable_config(16, "fp8_ds_mla", 4, True, 16, False, 4)
 _M64_PV_RAW = _portable_config(64, "fp8_ds_mla", 2, False, 16, False, 0, True)
@@ -411,7 +412,7 @@ SPARSE_KERNELS = {
     ("fp8_ds_mla", 32): (_M16_BULK, _portable_config(32, "fp8_ds_mla", 2)),
     ("fp8_ds_mla", 40): (_SM90_FP8, _M64_PV_RAW),
     ("fp8_ds_mla", 64): (_SM90_FP8, _M64_PV_RAW),
-    ("fp8_ds_mla", 128): (_SM90_FP8, _M64_PV_RAW),
+    ("fp8_ds_mla", 128): (_SM90_FP8_PAIR, _M64_PV_RAW),
     ("auto", 1): (_portable_config(16, "auto", 2),) * 2,
     ("auto", 16): (_portable_config(16, "auto", 2),) * 2,
     ("auto", 32): (_portable_config(32, "auto", 2),) * 2,
