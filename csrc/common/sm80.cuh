@@ -15,6 +15,12 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// 16-byte shared-memory store by shared-space address. The memory clobber keeps it in program order
+// with the thread's other shared-memory accesses (converters that overwrite what they just read rely on it).
+__device__ __forceinline__ void sts128(uint32_t addr, const uint4& v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+
 // 16 bytes global -> shared, bypassing L1. When !valid nothing is read (src-size 0; src must
 // still be a valid address, any will do) and the 16 bytes are zero-filled, so masked rows hold
 // zeros, never stale data or NaN.

@@ -189,12 +189,9 @@ __global__ void __launch_bounds__(PairsConfig<kFormat>::kThreads, 1)
           asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(hi_block + raw_at[j]) : "memory");
           return v;
         };
-        auto sts128 = [](uint32_t addr, const uint4& v) {
-          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-        };
         auto store = [&](uint32_t block, int j, const uint4& v) {  // raw chunk c0 + 2 j (+ 4) -> two output chunks
-          sts128(block + out_at[j][0], portable::dequant8_e4m3<T, true>(make_uint2(v.x, v.y), scale));
-          sts128(block + out_at[j][1], portable::dequant8_e4m3<T, true>(make_uint2(v.z, v.w), scale));
+          sm80::sts128(block + out_at[j][0], portable::dequant8_e4m3<T, true>(make_uint2(v.x, v.y), scale));
+          sm80::sts128(block + out_at[j][1], portable::dequant8_e4m3<T, true>(make_uint2(v.z, v.w), scale));
         };
         const uint4 lo0 = load(0), lo1 = load(1), hi0 = load(2), hi1 = load(3);
         store(lo_block, 0, lo0);

@@ -95,10 +95,6 @@ __device__ __forceinline__ uint4 ldg_nc_128(const void* ptr) {
   return v;
 }
 
-__device__ __forceinline__ void sts128(uint32_t addr, const uint4& v) {
-  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-}
-
 // Where a CTA's rows come from, per cache layout: its tiles, the slot of a tile's row, the raw bytes a
 // converter thread loads (part g of 4: e4m3 bytes 16 g + 64 d, rope bytes 32 g .. + 31) and their
 // scales. An invalid row is read from a global row of zeros (scale 0): it converts to 0, which P = 0
@@ -287,7 +283,7 @@ __device__ __forceinline__ void sparse_decode_sm90_ws(const typename Rows::Param
       const uint32_t peer_delta = kPair ? sm90::peer_smem_addr(row_at, peer) - row_at : 0u;
       const uint32_t peer_ready = kPair ? sm90::peer_smem_addr(ready_bar(st), peer) : 0u;
       auto put = [&](uint32_t at, const uint4& v) {
-        sts128(at, v);
+        sm80::sts128(at, v);
         if constexpr (kPair) sm90::st_async_128(at + peer_delta, v, peer_ready);
       };
 #pragma unroll
