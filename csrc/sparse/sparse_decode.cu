@@ -185,8 +185,8 @@ void run_sparse_decode_mla(const SparseDecodeParams& p, int device) {
   const DeviceInfo& info = device_info(device);
   const bool hopper = info.sm_version == 90 && !force_portable();
   const int tile = sparse::head_tile(p, info);
-  // sm90: fp8_ds_mla 64-head tiles run the wgmma kernel (S and O with wgmma, one dequantised fp16
-  // K tile read by both; csrc/sparse/README.md), 16-head tiles (17-32 heads: two) the portable
+  // sm90: fp8_ds_mla 64-head tiles run the three-warpgroup wgmma kernel (rows converted to bf16 by a
+  // warpgroup of their own; two head tiles as a 2-CTA cluster; csrc/sparse/README.md), 16-head tiles (17-32 heads: two) the portable
   // e4m3-fragment kernel with bulk row copies. Everything else, and forced portable
   // (common/arch.h), runs the portable kernels.
   const bool sm90_fp8 = hopper && tile == 64 && p.format == CacheFormat::kFp8DsMla &&
